@@ -1,0 +1,205 @@
+"""GPU benchmark: fmha_native against torch SDPA's FLASH_ATTENTION and CUDNN_ATTENTION
+backends, in one process, bf16, on the shapes of the GPU and decode issues.
+
+Timing: CUDA events around each call after warm-up, median of --reps runs; for
+memory-bound shapes (few query rows) the L2 is flushed before every run.
+Prints ms, TFLOP/s (4*B*Hq*Sq*Sk*D, halved for causal square), effective GB/s
+(Q+K+V+O bytes once) and our split count, then writes JSON with --json.
+
+    python benchmarks/bench.py [--set gpu|decode|all] [--json out.json] [--plot out.png]
+"""
+import argparse
+import json
+import math
+import statistics
+import sys
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+import fmha_native
+
+# (batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim, causal)
+GPU_SHAPES = [
+    (1, 16, 16, 128, 65535, 64, False),
+    (1, 2, 2, 40000, 40000, 64, False),
+    (8, 16, 16, 8192, 8192, 64, False),
+    (8, 16, 16, 8192, 8192, 64, True),
+    (16, 64, 64, 8192, 8192, 128, True),
+    (16, 64, 64, 8192, 8192, 128, False),
+    (16, 64, 8, 8192, 8192, 128, True),
+    (1, 32, 8, 1, 131072, 128, False),
+]
+DECODE_SHAPES = [
+    (1, 16, 16, 1, 65535, 64, False),
+    (1, 32, 8, 1, 131072, 128, False),
+    (16, 32, 8, 1, 8192, 128, False),
+    (64, 32, 8, 1, 4096, 128, False),
+    (4, 32, 8, 16, 16384, 128, False),
+]
+
+L2_FLUSH_BYTES = 512 << 20
+
+
+def flops(b, hq, hkv, sq, sk, d, causal):
+    f = 4.0 * b * hq * sq * sk * d
+    return f / 2 if causal and sq == sk else f
+
+
+def nbytes(b, hq, hkv, sq, sk, d, elem=2):
+    return elem * (2 * b * sq * hq * d + 2 * b * sk * hkv * d)
+
+
+def time_ms(fn, reps, flush):
+    scratch = torch.empty(L2_FLUSH_BYTES, dtype=torch.uint8, device="cuda") if flush else None
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        if flush:
+            scratch.zero_()
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def peer_fn(backend, q, k, v, causal):
+    """torch SDPA in its [B, H, S, D] layout (views of our [B, S, H, D] tensors)."""
+    qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    gqa = q.shape[2] != k.shape[2]
+
+    def run():
+        with sdpa_kernel(backend):
+            return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal, enable_gqa=gqa)
+
+    try:
+        run()
+        return run, "enable_gqa" if gqa else ""
+    except RuntimeError:
+        if not gqa:
+            raise
+    # This backend has no GQA: give it expanded K/V (it then reads more bytes than we count).
+    rep = q.shape[2] // k.shape[2]
+    ke, ve = kt.repeat_interleave(rep, dim=1), vt.repeat_interleave(rep, dim=1)
+
+    def run_expanded():
+        with sdpa_kernel(backend):
+            return F.scaled_dot_product_attention(qt, ke, ve, is_causal=causal)
+
+    run_expanded()
+    return run_expanded, "kv expanded"
+
+
+def bench_shape(shape, reps, check):
+    b, hq, hkv, sq, sk, d, causal = shape
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q = torch.randn(b, sq, hq, d, device="cuda", dtype=torch.bfloat16, generator=gen)
+    k = torch.randn(b, sk, hkv, d, device="cuda", dtype=torch.bfloat16, generator=gen)
+    v = torch.randn(b, sk, hkv, d, device="cuda", dtype=torch.bfloat16, generator=gen)
+    out = torch.empty_like(q)
+    lse = torch.empty(b, hq, sq, device="cuda", dtype=torch.float32)
+    flush = sq * hq // hkv <= 64
+    plan = fmha_native.explain(q, k, v, causal=causal)
+    row = {"shape": list(shape), "splits": plan["num_splits"], "kernel": plan["kernel"]}
+
+    def ours():
+        fmha_native.forward(q, k, v, causal=causal, out=out, lse=lse)
+
+    row["ours_ms"] = time_ms(ours, reps, flush)
+    if check:
+        ref = peer_fn(SDPBackend.FLASH_ATTENTION, q, k, v, causal)[0]().transpose(1, 2)
+        if not (causal and sq != sk):
+            err = ((out.float() - ref.float()).norm() / ref.float().norm()).item()
+            row["rel_err_vs_flash"] = err
+    for name, backend in (("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
+        try:
+            fn, note = peer_fn(backend, q, k, v, causal)
+            row[name + "_ms"] = time_ms(fn, reps, flush)
+            if note:
+                row[name + "_note"] = note
+        except RuntimeError as exc:
+            row[name + "_ms"] = None
+            row[name + "_note"] = str(exc).splitlines()[0][:80]
+    f, nb = flops(*shape), nbytes(b, hq, hkv, sq, sk, d)
+    row["ours_tflops"] = f / row["ours_ms"] / 1e9
+    row["ours_gbs"] = nb / row["ours_ms"] / 1e6
+    peers = [row[p + "_ms"] for p in ("flash", "cudnn") if row.get(p + "_ms")]
+    row["best_peer_ms"] = min(peers) if peers else None
+    row["speedup_vs_best"] = row["best_peer_ms"] / row["ours_ms"] if peers else None
+    row["speedup_vs_flash"] = row["flash_ms"] / row["ours_ms"] if row.get("flash_ms") else None
+    del q, k, v, out, lse
+    torch.cuda.empty_cache()
+    return row
+
+
+def fmt(x, spec):
+    return format(x, spec) if x is not None else "-"
+
+
+def print_table(rows):
+    print(f"{'shape (B,Hq,Hkv,Sq,Sk,D,causal)':40s} {'split':>5s} {'ours ms':>9s} {'flash ms':>9s} "
+          f"{'cudnn ms':>9s} {'TFLOP/s':>8s} {'GB/s':>7s} {'x flash':>8s} {'x best':>7s}")
+    for r in rows:
+        shape = "(" + ",".join(str(int(x)) if not isinstance(x, bool) else ("c" if x else "nc")
+                               for x in r["shape"]) + ")"
+        print(f"{shape:40s} {r['splits']:5d} {r['ours_ms']:9.3f} {fmt(r.get('flash_ms'), '9.3f')} "
+              f"{fmt(r.get('cudnn_ms'), '9.3f')} {r['ours_tflops']:8.1f} {r['ours_gbs']:7.0f} "
+              f"{fmt(r.get('speedup_vs_flash'), '8.2f')} {fmt(r.get('speedup_vs_best'), '7.2f')}")
+
+
+def plot(rows, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    labels = ["{},{},{},{},{},{}{}".format(*r["shape"][:6], ",c" if r["shape"][6] else "") for r in rows]
+    x = range(len(rows))
+    fig, ax = plt.subplots(figsize=(max(8, len(rows) * 1.1), 4.5))
+    width = 0.27
+    for i, (key, name) in enumerate((("ours_ms", "fmha_native"), ("flash_ms", "torch flash (FA2)"),
+                                     ("cudnn_ms", "cuDNN"))):
+        vals = [(rows[j]["best_peer_ms"] / rows[j][key]) if rows[j].get(key) and rows[j]["best_peer_ms"] else 0
+                for j in x]
+        ax.bar([j + (i - 1) * width for j in x], vals, width, label=name)
+    ax.axhline(1.0, color="gray", lw=0.8)
+    ax.set_xticks(list(x))
+    ax.set_xticklabels(labels, rotation=30, ha="right", fontsize=7)
+    ax.set_ylabel("speed relative to the best peer (higher is better)")
+    ax.set_title(f"fmha_native vs torch SDPA peers, bf16, {torch.cuda.get_device_name()}")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--set", choices=["gpu", "decode", "all"], default="all")
+    ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--json")
+    ap.add_argument("--plot")
+    ap.add_argument("--no-check", action="store_true")
+    args = ap.parse_args()
+    shapes = {"gpu": GPU_SHAPES, "decode": DECODE_SHAPES, "all": GPU_SHAPES + DECODE_SHAPES}[args.set]
+    rows = []
+    for s in shapes:
+        rows.append(bench_shape(s, args.reps, not args.no_check))
+        print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
+    print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}  "
+          f"cuDNN {torch.backends.cudnn.version()}  fmha_native {fmha_native.info()['version']}")
+    print_table(rows)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+                       "cudnn": torch.backends.cudnn.version(), "rows": rows}, f, indent=1)
+    if args.plot:
+        plot(rows, args.plot)
+
+
+if __name__ == "__main__":
+    main()

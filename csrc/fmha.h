@@ -1,0 +1,230 @@
+/*
+ * fmha.h: the C ABI of fmha_native.
+ *
+ * Owns the one plain-data parameter struct that every backend and kernel reads
+ * (fmha_fwd_params), the combine parameters, the status codes, the plan the
+ * planner fills, and the entry points of each backend.  Host C code and HIP
+ * kernels both include this header, so it is C11 and C++ clean and holds no
+ * vendor names.
+ *
+ * Conventions: dimensions are always batch, seqlen_q, seqlen_k, heads_q,
+ * heads_kv, head_dim, num_splits.  Strides are in elements, not bytes.  The
+ * head_dim stride of q, k, v, out and of the split scratch is 1 (the host glue
+ * makes host copies where a caller's array is not like that; device tensors
+ * with another head_dim stride are refused).
+ */
+#ifndef FMHA_H
+#define FMHA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define FMHA_VERSION "0.1.0"
+
+/* Element type of q, k, v and out (lse and split partials are always fp32). */
+typedef enum fmha_dtype {
+    FMHA_DTYPE_F16 = 0,
+    FMHA_DTYPE_BF16 = 1,
+    FMHA_DTYPE_F32 = 2,
+} fmha_dtype;
+
+typedef enum fmha_status {
+    FMHA_OK = 0,
+    FMHA_ERR_UNSUPPORTED = 1, /* a valid problem that this backend has no kernel for */
+    FMHA_ERR_INVALID = 2,     /* the params break this header's rules: a caller bug */
+    FMHA_ERR_NOMEM = 3,       /* host or device allocation failed */
+    FMHA_ERR_RUNTIME = 4,     /* GPU runtime error: fmha_gpu_error_string() has the text */
+    FMHA_ERR_NO_DEVICE = 5,   /* no GPU backend compiled in, or no device visible */
+} fmha_status;
+
+typedef enum fmha_backend {
+    FMHA_BACKEND_CPU = 0,
+    FMHA_BACKEND_GPU = 1,
+} fmha_backend;
+
+/*
+ * One forward problem.  The host glue fills the problem and tensor fields; the
+ * planner (fmha_plan_make) fills the plan fields; the backend fills the scratch
+ * pointers before it launches.
+ *
+ * Layout (FlashAttention's): q [batch, seqlen_q, heads_q, head_dim],
+ * k and v [batch, seqlen_k, heads_kv, head_dim], out like q,
+ * lse [batch, heads_q, seqlen_q].  Query head h reads kv head
+ * h / (heads_q / heads_kv).
+ */
+typedef struct fmha_fwd_params {
+    /* ---- problem ---- */
+    int64_t batch;          /* number of independent sequences */
+    int64_t seqlen_q;       /* query rows per sequence */
+    int64_t seqlen_k;       /* key rows per sequence (the cache capacity when seqlens_k is set) */
+    int64_t heads_q;        /* query heads */
+    int64_t heads_kv;       /* key/value heads; divides heads_q */
+    int64_t head_dim;       /* features per head, shared by q, k and v */
+    fmha_dtype dtype;       /* of q, k, v and out */
+    int causal;             /* bottom-right aligned: query i sees key j iff j <= i + seqlen_k - seqlen_q */
+    float softmax_scale;    /* s = softmax_scale * q.k */
+    float scale_log2;       /* softmax_scale * log2(e): scores feed exp2 directly */
+
+    /* ---- tensors (element strides; head_dim stride is 1) ---- */
+    const void *q;
+    const void *k;
+    const void *v;
+    void *out;
+    float *lse;             /* may be NULL when the caller does not want it */
+    int64_t q_batch_stride, q_row_stride, q_head_stride;
+    int64_t k_batch_stride, k_row_stride, k_head_stride;
+    int64_t v_batch_stride, v_row_stride, v_head_stride;
+    int64_t o_batch_stride, o_row_stride, o_head_stride;
+    int64_t lse_batch_stride, lse_head_stride, lse_row_stride;
+
+    /* ---- variable key lengths and KV append (NULL / 0 when unused) ---- */
+    const int32_t *seqlens_k; /* [batch] valid keys per sequence, in the memory of k/v; NULL = seqlen_k */
+    const void *k_new;        /* [batch, seqlen_new, heads_kv, head_dim] appended at seqlens_k[b] */
+    const void *v_new;
+    int64_t seqlen_new;       /* rows of k_new/v_new; attention then covers seqlens_k[b] + seqlen_new keys */
+    int64_t knew_batch_stride, knew_row_stride, knew_head_stride;
+    int64_t vnew_batch_stride, vnew_row_stride, vnew_head_stride;
+
+    /* ---- plan (filled by fmha_plan_make) ---- */
+    int num_splits;         /* 1: producers write out/lse directly; >= 2: scratch + combine */
+    int block_m;            /* query rows per tile (packed rows when pack_gqa) */
+    int block_n;            /* key rows per tile */
+    int pack_gqa;           /* 1: the heads_q/heads_kv query heads of one kv head share a tile */
+    int kernel;             /* backend-specific kernel id chosen by the planner */
+
+    /* ---- split scratch (backend-owned, used when num_splits >= 2) ----
+     * o_accum   [num_splits, batch, seqlen_q, heads_q, head_dim] fp32, contiguous
+     * lse_accum [num_splits, batch, heads_q, seqlen_q] fp32, contiguous */
+    float *o_accum;
+    float *lse_accum;
+
+    /* ---- execution ---- */
+    void *stream;           /* GPU stream handle (NULL = the legacy default stream) */
+    int device;             /* GPU ordinal */
+    int num_threads;        /* CPU worker threads (0 = the pool's size) */
+} fmha_fwd_params;
+
+/*
+ * Merge of num_splits partial states (the split-K combine, also exposed as
+ * fmha_native.combine).  Partial o_g are normalised by their own row sums and
+ * lse_g is their log-sum-exp; the result is sum_g exp(lse_g - lse) * o_g with
+ * lse = log sum_g exp(lse_g).  Splits whose lse is -inf add nothing; a row whose
+ * every split is -inf gives out = 0, lse = -inf.
+ */
+typedef struct fmha_combine_params {
+    int64_t num_splits, batch, seqlen_q, heads, head_dim;
+    fmha_dtype in_dtype;    /* of the partial outputs */
+    fmha_dtype out_dtype;   /* of out */
+    const void *o_partial;  /* [num_splits, batch, seqlen_q, heads, head_dim] */
+    int64_t op_split_stride, op_batch_stride, op_row_stride, op_head_stride;
+    const float *lse_partial; /* [num_splits, batch, heads, seqlen_q] */
+    int64_t lp_split_stride, lp_batch_stride, lp_head_stride, lp_row_stride;
+    void *out;              /* [batch, seqlen_q, heads, head_dim] */
+    int64_t o_batch_stride, o_row_stride, o_head_stride;
+    float *lse;             /* [batch, heads, seqlen_q], may be NULL */
+    int64_t lse_batch_stride, lse_head_stride, lse_row_stride;
+    void *stream;
+    int device;
+    int num_threads;
+} fmha_combine_params;
+
+/* What a GPU is, read once per device at run time and cached by the host glue. */
+typedef struct fmha_device_info {
+    int ordinal;
+    int is_amd;             /* 1 under a HIP/AMD build */
+    int cc_major, cc_minor; /* NVIDIA compute capability; 0/0 on AMD */
+    int sm_count;           /* multiprocessors (NVIDIA) or compute units (AMD) */
+    int warp_size;
+    int max_smem_per_block; /* opt-in limit, bytes */
+    int64_t l2_bytes;
+    char name[128];
+    char arch[64];          /* "sm_90" or gcnArchName */
+} fmha_device_info;
+
+/* One requirement of a backend's capability gate. */
+#define FMHA_GATE_MAX 8
+typedef struct fmha_gate_item {
+    const char *name;       /* "arch", "dtype", "head_dim", ... (static string) */
+    int met;
+    char why[128];
+} fmha_gate_item;
+
+/*
+ * The planner's answer to both "is this supported here?" and "which kernel,
+ * which tiles, how many splits?".  explain() shows it; the backends run it.
+ */
+typedef struct fmha_plan {
+    fmha_backend backend;
+    int supported;          /* every gate item met */
+    char kernel[64];        /* human-readable kernel name */
+    int kernel_id;
+    int num_splits;         /* effective split count */
+    int block_m, block_n;
+    int pack_gqa;
+    int n_gate;
+    fmha_gate_item gate[FMHA_GATE_MAX];
+    char reason[320];       /* why this kernel and split count (or why unsupported) */
+} fmha_plan;
+
+/* ---- planner (plan.c) ---- */
+
+/* Where a plan is for: the CPU with num_threads workers, or one GPU. */
+typedef struct fmha_target {
+    fmha_backend backend;
+    int num_threads;                 /* CPU */
+    const fmha_device_info *device;  /* GPU; NULL when no device is visible */
+    int gpu_compiled;                /* a GPU backend is built into this module */
+} fmha_target;
+
+/*
+ * Fill plan for the problem in p (problem fields only are read) on target;
+ * requested_splits is the caller's num_splits (0 = heuristic).  Returns
+ * FMHA_OK when supported, FMHA_ERR_UNSUPPORTED when some gate item is not met
+ * (plan->gate says which).  Never allocates, never touches memory behind p.
+ */
+fmha_status fmha_plan_make(const fmha_fwd_params *p, const fmha_target *target,
+                           int requested_splits, fmha_plan *plan);
+
+/* Copy the plan's choices into the params the backend reads. */
+void fmha_plan_apply(const fmha_plan *plan, fmha_fwd_params *p);
+
+/* Number of key blocks a split can own: ceil(max keys / block_n), at least 1. */
+int64_t fmha_num_key_blocks(const fmha_fwd_params *p, int block_n);
+
+/* ---- CPU backend (cpu_fwd.c) ---- */
+fmha_status fmha_cpu_fwd(fmha_fwd_params *p);
+fmha_status fmha_cpu_combine(const fmha_combine_params *c);
+int fmha_cpu_num_threads(void);       /* pool size: FMHA_NUM_THREADS or the online CPUs */
+const char *fmha_cpu_simd_name(void); /* "avx512", "avx2", "scalar": chosen at run time */
+
+/* ---- GPU backend (gpu.c; kernels/launch.hip underneath) ---- */
+int fmha_gpu_compiled(void);          /* 1 when kernels are built in */
+const char *fmha_gpu_platform(void);  /* "cuda", "hip" or "none" */
+int fmha_gpu_device_count(void);      /* 0 when none or no runtime */
+fmha_status fmha_gpu_device_info(int ordinal, const fmha_device_info **info);
+fmha_status fmha_gpu_fwd(fmha_fwd_params *p);
+fmha_status fmha_gpu_combine(const fmha_combine_params *c);
+const char *fmha_gpu_error_string(void); /* text of the last FMHA_ERR_RUNTIME on this thread */
+
+/* Device memory for the host glue (host arrays computed on the GPU, outputs of
+ * producers that are neither torch nor CuPy).  Allocation is stream-ordered. */
+typedef enum fmha_copy_kind {
+    FMHA_COPY_H2D = 0,
+    FMHA_COPY_D2H = 1,
+    FMHA_COPY_D2D = 2,
+} fmha_copy_kind;
+fmha_status fmha_gpu_malloc(int device, void *stream, size_t bytes, void **ptr);
+fmha_status fmha_gpu_free(int device, void *stream, void *ptr);
+fmha_status fmha_gpu_memcpy(int device, void *stream, void *dst, const void *src,
+                            size_t bytes, fmha_copy_kind kind);
+fmha_status fmha_gpu_stream_sync(int device, void *stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* FMHA_H */

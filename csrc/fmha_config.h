@@ -1,0 +1,39 @@
+/*
+ * fmha_config.h: the tile configurations, in one place.
+ *
+ * The planner (plan.c) reads these tables to answer "supported?" and to choose
+ * tiles and splits; kernels/launch.hip instantiates exactly the rows listed
+ * here and checks at compile time that its templates agree with them.  Nothing
+ * else spells a tile size.  C11 and C++ clean.
+ */
+#ifndef FMHA_CONFIG_H
+#define FMHA_CONFIG_H
+
+/* Kernel ids, shared by planner and launcher. */
+#define FMHA_KERNEL_CPU_TILED 0   /* CPU: block_m x block_n tiles, online softmax */
+#define FMHA_KERNEL_GPU_MMA 1     /* GPU: tensor-core tiles (mma.sync / MFMA) */
+
+/*
+ * GPU tensor-core producer, one row per head_dim:
+ *   X(head_dim, block_m, block_n, warps, stages)
+ *   head_dim  features per head (compile-time in the kernel)
+ *   block_m   query rows per CTA; each warp owns block_m / warps rows
+ *   block_n   keys per main-loop step
+ *   warps     warps per CTA
+ *   stages    K/V shared-memory buffers in flight (cp.async pipeline depth)
+ */
+#define FMHA_GPU_MMA_CONFIGS(X) \
+    X(64, 128, 64, 8, 2)        \
+    X(128, 128, 64, 8, 2)
+
+/* CPU tiles: query rows and keys per step (any head_dim 1..FMHA_CPU_MAX_HEAD_DIM). */
+#define FMHA_CPU_BLOCK_M 16
+#define FMHA_CPU_BLOCK_N 64
+#define FMHA_CPU_MAX_HEAD_DIM 256
+
+/* Splits: upper bound on any split count (forced or chosen). */
+#define FMHA_MAX_SPLITS 256
+/* A split must own at least this many key blocks to pay for the combine. */
+#define FMHA_MIN_BLOCKS_PER_SPLIT 2
+
+#endif /* FMHA_CONFIG_H */

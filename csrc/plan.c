@@ -1,0 +1,306 @@
+/*
+ * plan.c: the capability gate, the kernel choice and the split heuristic.
+ *
+ * One function, fmha_plan_make, answers both "can this backend run the
+ * problem?" (the gate, item by item, with reasons) and "with which kernel,
+ * tiles and split count?".  explain() shows its answer, the backends run it.
+ * Pure C: no allocation, no device calls, no reads behind the params'
+ * pointers (per-batch key lengths are not known here, so the plan uses the
+ * capacity seqlen_k as the upper bound unless the glue tells it the longest
+ * length through seqlen_k).
+ */
+#include "fmha.h"
+#include "fmha_config.h"
+
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+static const char *dtype_name(fmha_dtype dt)
+{
+    switch (dt) {
+    case FMHA_DTYPE_F16: return "float16";
+    case FMHA_DTYPE_BF16: return "bfloat16";
+    case FMHA_DTYPE_F32: return "float32";
+    }
+    return "unknown";
+}
+
+static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+static void gate_add(fmha_plan *plan, const char *name, int met, const char *fmt, ...)
+{
+    if (plan->n_gate >= FMHA_GATE_MAX)
+        return;
+    fmha_gate_item *item = &plan->gate[plan->n_gate++];
+    item->name = name;
+    item->met = met;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(item->why, sizeof item->why, fmt, ap);
+    va_end(ap);
+    if (!met)
+        plan->supported = 0;
+}
+
+int64_t fmha_num_key_blocks(const fmha_fwd_params *p, int block_n)
+{
+    int64_t keys = p->seqlen_k + (p->seqlens_k ? p->seqlen_new : 0);
+    int64_t n = ceil_div(keys, block_n);
+    return n > 0 ? n : 1;
+}
+
+/* Rows one tile covers: query rows, times the query heads of a kv head when packed. */
+static int64_t tile_rows(const fmha_fwd_params *p, int pack_gqa)
+{
+    return pack_gqa ? p->seqlen_q * (p->heads_q / p->heads_kv) : p->seqlen_q;
+}
+
+/*
+ * Split count for a machine that runs `slots` tiles at once, given `tiles`
+ * independent tiles of work and `key_blocks` key blocks per tile.  A split
+ * count pays when the tiles under-fill the machine; among the counts that
+ * keep at least FMHA_MIN_BLOCKS_PER_SPLIT key blocks per split, take the
+ * smallest whose wave efficiency is within 15% of the best (each extra split
+ * costs scratch traffic and a share of the combine).
+ */
+static int choose_splits(int64_t tiles, int64_t slots, int64_t key_blocks, int max_splits,
+                         char *why, size_t why_len)
+{
+    if (tiles >= slots * 4 / 5) {
+        snprintf(why, why_len, "%lld tiles fill %lld slots: no split",
+                 (long long)tiles, (long long)slots);
+        return 1;
+    }
+    int64_t limit = key_blocks / FMHA_MIN_BLOCKS_PER_SPLIT;
+    if (limit > max_splits)
+        limit = max_splits;
+    if (limit < 2) {
+        snprintf(why, why_len, "%lld tiles under-fill %lld slots, but %lld key blocks are too "
+                 "few to split", (long long)tiles, (long long)slots, (long long)key_blocks);
+        return 1;
+    }
+    double eff[FMHA_MAX_SPLITS + 1] = {0};
+    double best = 0.0;
+    for (int64_t s = 1; s <= limit; s++) {
+        double waves = (double)(tiles * s) / (double)slots;
+        double full = (double)ceil_div(tiles * s, slots);
+        /* Splitting beyond what fills the machine only adds combine work. */
+        eff[s] = waves / full;
+        if (eff[s] > best)
+            best = eff[s];
+    }
+    int chosen = 1;
+    for (int64_t s = 1; s <= limit; s++) {
+        if (eff[s] >= 0.85 * best) {
+            chosen = (int)s;
+            break;
+        }
+    }
+    snprintf(why, why_len, "%lld tiles under-fill %lld slots: %d splits of ~%lld key blocks "
+             "(wave efficiency %.2f)", (long long)tiles, (long long)slots, chosen,
+             (long long)ceil_div(key_blocks, chosen), eff[chosen]);
+    return chosen;
+}
+
+/* A forced split count, clamped to the key blocks there are. */
+static int clamp_forced_splits(int requested, int64_t key_blocks)
+{
+    return requested > key_blocks ? (int)key_blocks : requested;
+}
+
+static void plan_cpu(const fmha_fwd_params *p, const fmha_target *t, int requested,
+                     fmha_plan *plan)
+{
+    plan->backend = FMHA_BACKEND_CPU;
+    gate_add(plan, "dtype", 1, "%s runs on the CPU (fp32 math)", dtype_name(p->dtype));
+    int hd_ok = p->head_dim >= 1 && p->head_dim <= FMHA_CPU_MAX_HEAD_DIM;
+    gate_add(plan, "head_dim", hd_ok, "head_dim %lld %s 1..%d", (long long)p->head_dim,
+             hd_ok ? "in" : "outside", FMHA_CPU_MAX_HEAD_DIM);
+    plan->kernel_id = FMHA_KERNEL_CPU_TILED;
+    plan->block_m = FMHA_CPU_BLOCK_M;
+    plan->block_n = FMHA_CPU_BLOCK_N;
+    plan->pack_gqa = 0;
+    snprintf(plan->kernel, sizeof plan->kernel, "cpu_tiled<%s,%s>", dtype_name(p->dtype),
+             fmha_cpu_simd_name());
+
+    int64_t key_blocks = fmha_num_key_blocks(p, plan->block_n);
+    int threads = t->num_threads > 0 ? t->num_threads : 1;
+    char why[160];
+    if (requested > 0) {
+        plan->num_splits = clamp_forced_splits(requested, key_blocks);
+        snprintf(why, sizeof why, "num_splits=%d forced (clamped to %lld key blocks)",
+                 requested, (long long)key_blocks);
+    } else {
+        int64_t tiles = p->batch * p->heads_q * ceil_div(p->seqlen_q, plan->block_m);
+        plan->num_splits = choose_splits(tiles, threads, key_blocks, FMHA_MAX_SPLITS,
+                                         why, sizeof why);
+    }
+    snprintf(plan->reason, sizeof plan->reason, "CPU: %dx%d tiles on %d threads; %s",
+             plan->block_m, plan->block_n, threads, why);
+}
+
+/* The GPU tensor-core kernels are instantiated for the head_dims of this table. */
+static int gpu_mma_config(int64_t head_dim, int *block_m, int *block_n)
+{
+#define FMHA_MATCH(hd, bm, bn, warps, stages) \
+    if (head_dim == (hd)) { *block_m = (bm); *block_n = (bn); return 1; }
+    FMHA_GPU_MMA_CONFIGS(FMHA_MATCH)
+#undef FMHA_MATCH
+    return 0;
+}
+
+static void gpu_head_dims(char *buf, size_t len)
+{
+    size_t used = 0;
+    buf[0] = '\0';
+#define FMHA_LIST(hd, bm, bn, warps, stages) \
+    used += (size_t)snprintf(buf + used, used < len ? len - used : 0, "%s%d", used ? ", " : "", hd);
+    FMHA_GPU_MMA_CONFIGS(FMHA_LIST)
+#undef FMHA_LIST
+}
+
+/* Element offset that is a multiple of `elems` (pointer as elements of the dtype). */
+static int multiple_of(int64_t x, int64_t elems) { return x % elems == 0; }
+
+/*
+ * The GPU kernels copy q/k/v rows in 16-byte chunks (cp.async) and store out
+ * in pairs of elements, so every row start must be aligned accordingly.
+ */
+static int gpu_rows_aligned(const fmha_fwd_params *p)
+{
+    const int64_t chunk = 8; /* 16 bytes of 16-bit elements */
+    const void *ptrs[] = {p->q, p->k, p->v, p->k_new, p->v_new};
+    for (size_t i = 0; i < sizeof ptrs / sizeof ptrs[0]; i++)
+        if ((uintptr_t)ptrs[i] % 16 != 0)
+            return 0;
+    const int64_t strides[] = {p->q_batch_stride, p->q_row_stride, p->q_head_stride,
+                               p->k_batch_stride, p->k_row_stride, p->k_head_stride,
+                               p->v_batch_stride, p->v_row_stride, p->v_head_stride,
+                               p->head_dim};
+    for (size_t i = 0; i < sizeof strides / sizeof strides[0]; i++)
+        if (!multiple_of(strides[i], chunk))
+            return 0;
+    if (p->k_new) {
+        const int64_t new_strides[] = {p->knew_batch_stride, p->knew_row_stride,
+                                       p->knew_head_stride, p->vnew_batch_stride,
+                                       p->vnew_row_stride, p->vnew_head_stride};
+        for (size_t i = 0; i < sizeof new_strides / sizeof new_strides[0]; i++)
+            if (!multiple_of(new_strides[i], chunk))
+                return 0;
+    }
+    if ((uintptr_t)p->out % 4 != 0 || !multiple_of(p->o_batch_stride, 2) ||
+        !multiple_of(p->o_row_stride, 2) || !multiple_of(p->o_head_stride, 2))
+        return 0;
+    return 1;
+}
+
+/* Resident CTAs per SM of the tensor-core kernel: shared memory bound. */
+static int gpu_ctas_per_sm(const fmha_device_info *dev, int64_t head_dim, int block_m,
+                           int block_n)
+{
+    /* Q tile + two K and two V stages, 2-byte elements. */
+    int64_t smem = (int64_t)(block_m + 4 * block_n) * head_dim * 2;
+    int64_t per_sm = dev->max_smem_per_block > 0 ? dev->max_smem_per_block : 0;
+    int ctas = smem > 0 ? (int)(per_sm / smem) : 1;
+    return ctas < 1 ? 1 : ctas;
+}
+
+static void plan_gpu(const fmha_fwd_params *p, const fmha_target *t, int requested,
+                     fmha_plan *plan)
+{
+    const fmha_device_info *dev = t->device;
+    plan->backend = FMHA_BACKEND_GPU;
+
+    if (!t->gpu_compiled)
+        gate_add(plan, "device", 0, "this build has no GPU kernels (built with CPU only)");
+    else if (!dev)
+        gate_add(plan, "device", 0, "no GPU is visible to the runtime");
+    else
+        gate_add(plan, "device", 1, "%s (%s, %d SMs)", dev->name, dev->arch, dev->sm_count);
+
+    if (dev && !dev->is_amd) {
+        int ok = dev->cc_major >= 8;
+        gate_add(plan, "arch", ok, "compute capability %d.%d %s 8.0 (mma.sync m16n8k16, cp.async)",
+                 dev->cc_major, dev->cc_minor, ok ? ">=" : "<");
+    } else if (dev) {
+        gate_add(plan, "arch", 1, "%s", dev->arch);
+    }
+
+    int dt_ok = p->dtype == FMHA_DTYPE_F16 || p->dtype == FMHA_DTYPE_BF16;
+    gate_add(plan, "dtype", dt_ok, "%s %s (GPU kernels: float16, bfloat16)",
+             dtype_name(p->dtype), dt_ok ? "supported" : "not supported");
+
+    int block_m = 0, block_n = 0;
+    int hd_ok = gpu_mma_config(p->head_dim, &block_m, &block_n);
+    char dims[64];
+    gpu_head_dims(dims, sizeof dims);
+    gate_add(plan, "head_dim", hd_ok, "head_dim %lld %s {%s}", (long long)p->head_dim,
+             hd_ok ? "in" : "not in", dims);
+
+    int aligned = gpu_rows_aligned(p);
+    gate_add(plan, "alignment", aligned, aligned
+             ? "q/k/v rows start on 16-byte boundaries, out/lse rows on 4-byte boundaries"
+             : "q/k/v (and k_new/v_new) need 16-byte aligned pointers and strides that are "
+               "multiples of 8 elements; out needs even strides (make the tensors contiguous)");
+
+    if (!plan->supported) {
+        snprintf(plan->reason, sizeof plan->reason,
+                 "the GPU kernels do not cover this problem (see gate); GPU kernels support "
+                 "float16/bfloat16 with head_dim in {%s} on sm_80 or newer; device=\"cpu\" "
+                 "runs it", dims);
+        return;
+    }
+
+    /*
+     * Few query rows per kv head (decode, speculative decoding): pack the query
+     * heads sharing a kv head into one tile so each K/V byte is read once.
+     */
+    int64_t group = p->heads_q / p->heads_kv;
+    plan->pack_gqa = group > 1 && p->seqlen_q * group <= block_m;
+    plan->kernel_id = FMHA_KERNEL_GPU_MMA;
+    plan->block_m = block_m;
+    plan->block_n = block_n;
+
+    int64_t key_blocks = fmha_num_key_blocks(p, block_n);
+    int64_t row_tiles = ceil_div(tile_rows(p, plan->pack_gqa), block_m);
+    int64_t tiles = p->batch * (plan->pack_gqa ? p->heads_kv : p->heads_q) * row_tiles;
+    int64_t slots = (int64_t)dev->sm_count * gpu_ctas_per_sm(dev, p->head_dim, block_m, block_n);
+    char why[160];
+    if (requested > 0) {
+        plan->num_splits = clamp_forced_splits(requested, key_blocks);
+        snprintf(why, sizeof why, "num_splits=%d forced (clamped to %lld key blocks)",
+                 requested, (long long)key_blocks);
+    } else {
+        plan->num_splits = choose_splits(tiles, slots, key_blocks, FMHA_MAX_SPLITS,
+                                         why, sizeof why);
+    }
+    snprintf(plan->kernel, sizeof plan->kernel, "fwd_mma<%s,d%lld%s%s>%s",
+             dtype_name(p->dtype), (long long)p->head_dim, p->causal ? ",causal" : "",
+             plan->pack_gqa ? ",pack_gqa" : "", plan->num_splits > 1 ? "+combine" : "");
+    snprintf(plan->reason, sizeof plan->reason, "tensor-core tiles %dx%d%s; %s",
+             block_m, block_n, plan->pack_gqa ? ", query heads of a kv head packed" : "", why);
+}
+
+fmha_status fmha_plan_make(const fmha_fwd_params *p, const fmha_target *t, int requested_splits,
+                           fmha_plan *plan)
+{
+    memset(plan, 0, sizeof *plan);
+    plan->supported = 1;
+    plan->num_splits = 1;
+    if (t->backend == FMHA_BACKEND_CPU)
+        plan_cpu(p, t, requested_splits, plan);
+    else
+        plan_gpu(p, t, requested_splits, plan);
+    return plan->supported ? FMHA_OK : FMHA_ERR_UNSUPPORTED;
+}
+
+void fmha_plan_apply(const fmha_plan *plan, fmha_fwd_params *p)
+{
+    p->num_splits = plan->num_splits;
+    p->block_m = plan->block_m;
+    p->block_n = plan->block_n;
+    p->pack_gqa = plan->pack_gqa;
+    p->kernel = plan->kernel_id;
+}

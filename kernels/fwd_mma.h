@@ -1,0 +1,397 @@
+/*
+ * fwd_mma.h: the tensor-core producer kernel, templated on element type,
+ * head_dim, causal and split.  One CTA owns block_m query rows of one
+ * (batch, head) pair, or, with pack_gqa, of one kv head with its query heads
+ * interleaved into the rows, and walks the key blocks of its split:
+ *
+ *   S = Q K^T * scale * log2(e)           (mma, fp32 accumulate)
+ *   m_new = max(m, rowmax(S))              (masked keys are -inf)
+ *   O, l *= exp2(m - m_new);  P = exp2(S - m_new);  l += rowsum(P)
+ *   O += P V                               (P stays in registers)
+ *
+ * and ends with O / l and lse = (m + log2 l) * ln 2, written either to the
+ * output (one split) or to the split scratch for combine.hip.  K and V tiles
+ * stream through a cp.async ring of `stages` shared-memory buffers.
+ */
+#ifndef FMHA_FWD_MMA_H
+#define FMHA_FWD_MMA_H
+
+#include "fmha.h"
+#include "fmha_config.h"
+#include "hip_compat.h"
+#include "mma_nvidia.h"
+
+#include <math.h>
+
+namespace fmha {
+
+constexpr float LN2 = 0.693147180559945309f;
+constexpr int ELEMS_PER_CHUNK = 8; /* 16-byte copies of 16-bit elements */
+
+/* Compile-time tile configuration, one specialisation per FMHA_GPU_MMA_CONFIGS row. */
+template <int HEAD_DIM> struct mma_config;
+#define FMHA_DEFINE_CONFIG(hd, bm, bn, w, st)                                             \
+    template <> struct mma_config<hd> {                                                   \
+        static constexpr int block_m = bm, block_n = bn, warps = w, stages = st;          \
+        static_assert(bm % (16 * w) == 0, "each warp owns whole 16-row mma tiles");       \
+        static_assert(bn % 16 == 0 && hd % 16 == 0, "tiles are whole mma k-steps");       \
+        static_assert(st >= 1, "at least one K/V stage");                                 \
+    };
+FMHA_GPU_MMA_CONFIGS(FMHA_DEFINE_CONFIG)
+#undef FMHA_DEFINE_CONFIG
+
+/*
+ * A ROWS x HEAD_DIM tile of 16-bit elements in shared memory, stored in
+ * 16-byte chunks.  With >= 8 chunks a row (a power-of-two row size), chunk c
+ * of row r sits at c ^ (r % 8), so the 8 row addresses of an ldmatrix hit 8
+ * different bank groups; other widths pad each row by one chunk instead.
+ */
+template <int ROWS, int HEAD_DIM> struct smem_tile {
+    static constexpr int CHUNKS = HEAD_DIM / ELEMS_PER_CHUNK;
+    static constexpr bool SWIZZLED = CHUNKS % 8 == 0 && (CHUNKS & (CHUNKS - 1)) == 0;
+    static constexpr int ROW_CHUNKS = SWIZZLED ? CHUNKS : CHUNKS + 1;
+    static constexpr int ROW_BYTES = ROW_CHUNKS * 16;
+    static constexpr int ELEMS = ROWS * ROW_CHUNKS * ELEMS_PER_CHUNK;
+    static constexpr int BYTES = ELEMS * 2;
+    __device__ static int offset(int row, int chunk)
+    {
+        int phys = SWIZZLED ? (chunk ^ (row & 7)) : chunk;
+        return (row * ROW_CHUNKS + phys) * ELEMS_PER_CHUNK;
+    }
+    /*
+     * Shared address of (row + row_step, chunk + chunk_step) from a lane's own
+     * address of (row, chunk), for row_step a multiple of 8, chunk in {0, 1}
+     * and chunk_step even.  Then chunk + chunk_step = chunk ^ chunk_step, and
+     * the swizzle is an XOR too, so the step is one XOR with a constant: no
+     * per-step address registers (tile bases are ROW_BYTES aligned).
+     */
+    __device__ static uint32_t step(uint32_t lane_addr, int row_step, int chunk_step)
+    {
+        uint32_t a = lane_addr + (uint32_t)(row_step * ROW_BYTES);
+        return SWIZZLED ? a ^ (uint32_t)(chunk_step * 16) : a + (uint32_t)(chunk_step * 16);
+    }
+};
+
+/*
+ * Copy a ROWS x HEAD_DIM tile into shared memory; row_ptr(r) gives the global
+ * address of row r, or nullptr for rows past the end (zero-filled, so padded
+ * keys contribute P = 0 times V = 0, never garbage).
+ */
+template <int ROWS, int HEAD_DIM, int THREADS, typename T, typename RowPtr>
+__device__ __forceinline__ void load_tile(T *smem, const T *any_valid, RowPtr row_ptr)
+{
+    using tile = smem_tile<ROWS, HEAD_DIM>;
+    constexpr int TOTAL = ROWS * tile::CHUNKS;
+    static_assert(TOTAL % THREADS == 0, "every thread copies the same number of chunks");
+#pragma unroll
+    for (int i = 0; i < TOTAL / THREADS; i++) {
+        int idx = i * THREADS + (int)threadIdx.x;
+        int row = idx / tile::CHUNKS, chunk = idx % tile::CHUNKS;
+        const T *src = row_ptr(row);
+        copy_async_16(smem + tile::offset(row, chunk),
+                      src ? src + chunk * ELEMS_PER_CHUNK : any_valid, src != nullptr);
+    }
+}
+
+/* The work of one CTA: which batch entry, heads, rows, and key blocks. */
+struct cta_work {
+    int64_t b;        /* batch entry */
+    int64_t slot;     /* query head, or kv head when pack_gqa */
+    int64_t group;    /* query heads per kv head */
+    int64_t rows;     /* tile rows in the problem: seqlen_q, times group when packed */
+    int64_t row0;     /* first row of this CTA */
+    int64_t len_k;    /* keys of this batch entry */
+    int split;        /* which split of the key blocks */
+    int n_begin, n_end; /* key blocks [n_begin, n_end) */
+
+    bool packed;      /* rows interleave the query heads of kv head `slot` */
+
+    /* Packed row r is query r / group of query head slot * group + r % group. */
+    __device__ int64_t query_of(int64_t row) const { return packed ? row / group : row; }
+    __device__ int64_t head_of(int64_t row) const
+    {
+        return packed ? slot * group + row % group : slot;
+    }
+    __device__ int64_t kv_head() const { return packed ? slot : slot / group; }
+};
+
+template <int BLOCK_M, int BLOCK_N, bool CAUSAL>
+__device__ __forceinline__ cta_work make_work(const fmha_fwd_params &p)
+{
+    cta_work w;
+    w.packed = p.pack_gqa != 0;
+    w.group = p.heads_q / p.heads_kv;
+    w.rows = p.pack_gqa ? p.seqlen_q * w.group : p.seqlen_q;
+    int64_t slots = p.pack_gqa ? p.heads_kv : p.heads_q;
+    int64_t m_blocks = (w.rows + BLOCK_M - 1) / BLOCK_M;
+    /* Flattened grid, rows fastest then heads: CTAs that share K/V run together. */
+    int64_t id = blockIdx.x;
+    int64_t m_block = id % m_blocks;
+    id /= m_blocks;
+    w.slot = id % slots;
+    id /= slots;
+    w.split = (int)(id % p.num_splits);
+    w.b = id / p.num_splits;
+    w.row0 = m_block * BLOCK_M;
+    w.len_k = p.seqlens_k ? (int64_t)p.seqlens_k[w.b] + p.seqlen_new : p.seqlen_k;
+
+    int64_t n_blocks = (w.len_k + BLOCK_N - 1) / BLOCK_N;
+    int64_t per_split = (n_blocks + p.num_splits - 1) / p.num_splits;
+    int64_t begin = w.split * per_split;
+    int64_t end = begin + per_split < n_blocks ? begin + per_split : n_blocks;
+    if (CAUSAL) {
+        /* The last row of the tile sees keys up to last_query + len_k - seqlen_q. */
+        int64_t last_row = (w.row0 + BLOCK_M < w.rows ? w.row0 + BLOCK_M : w.rows) - 1;
+        int64_t last_key = w.query_of(last_row) + w.len_k - p.seqlen_q;
+        int64_t visible = last_key < 0 ? 0 : last_key / BLOCK_N + 1;
+        end = end < visible ? end : visible;
+    }
+    w.n_begin = (int)begin;
+    w.n_end = (int)(end > begin ? end : begin);
+    return w;
+}
+
+template <typename T, int HEAD_DIM, bool CAUSAL, bool SPLIT>
+__global__ void __launch_bounds__(mma_config<HEAD_DIM>::warps * 32)
+fwd_mma_kernel(const fmha_fwd_params p)
+{
+    using cfg = mma_config<HEAD_DIM>;
+    constexpr int BLOCK_M = cfg::block_m, BLOCK_N = cfg::block_n, STAGES = cfg::stages;
+    constexpr int THREADS = cfg::warps * 32;
+    constexpr int WARP_M = BLOCK_M / cfg::warps;
+    constexpr int MT = WARP_M / MMA_M;   /* 16-row mma tiles per warp */
+    constexpr int NT = BLOCK_N / MMA_N;  /* 8-key column tiles of S */
+    constexpr int DT = HEAD_DIM / MMA_N; /* 8-feature column tiles of O */
+    using q_tile = smem_tile<BLOCK_M, HEAD_DIM>;
+    using kv_tile = smem_tile<BLOCK_N, HEAD_DIM>;
+
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    T *s_q = reinterpret_cast<T *>(smem_raw);
+    T *s_k = s_q + q_tile::ELEMS;
+    T *s_v = s_k + STAGES * kv_tile::ELEMS;
+
+    const cta_work w = make_work<BLOCK_M, BLOCK_N, CAUSAL>(p);
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    const T *q = static_cast<const T *>(p.q);
+    const T *k = static_cast<const T *>(p.k) + w.b * p.k_batch_stride + w.kv_head() * p.k_head_stride;
+    const T *v = static_cast<const T *>(p.v) + w.b * p.v_batch_stride + w.kv_head() * p.v_head_stride;
+
+    auto q_row = [&](int r) -> const T * {
+        int64_t row = w.row0 + r;
+        if (row >= w.rows)
+            return nullptr;
+        return q + w.b * p.q_batch_stride + w.query_of(row) * p.q_row_stride +
+               w.head_of(row) * p.q_head_stride;
+    };
+    auto load_kv = [&](int n_block, int stage) {
+        int64_t key0 = (int64_t)n_block * BLOCK_N;
+        load_tile<BLOCK_N, HEAD_DIM, THREADS>(s_k + stage * kv_tile::ELEMS, k, [&](int r) -> const T * {
+            return key0 + r < w.len_k ? k + (key0 + r) * p.k_row_stride : nullptr;
+        });
+        load_tile<BLOCK_N, HEAD_DIM, THREADS>(s_v + stage * kv_tile::ELEMS, v, [&](int r) -> const T * {
+            return key0 + r < w.len_k ? v + (key0 + r) * p.v_row_stride : nullptr;
+        });
+    };
+
+    /* Prologue: Q with the first K/V block, then the next stages, one commit group each. */
+    load_tile<BLOCK_M, HEAD_DIM, THREADS>(s_q, q, q_row);
+#pragma unroll
+    for (int s = 0; s < STAGES; s++) {
+        if (w.n_begin + s < w.n_end)
+            load_kv(w.n_begin + s, s);
+        copy_async_commit();
+    }
+
+    /* This thread's rows: tile row warp*WARP_M + mt*16 + lane/4 (+8 for the second half). */
+    int64_t key_limit[MT][2]; /* last key each row may see (causal) */
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int half = 0; half < 2; half++) {
+            int64_t row = w.row0 + warp * WARP_M + mt * MMA_M + lane / 4 + half * 8;
+            key_limit[mt][half] = w.query_of(row < w.rows ? row : w.rows - 1) + w.len_k - p.seqlen_q;
+        }
+    /* Blocks ending at or before this key need no mask; the first row sees the fewest keys. */
+    const int64_t first_limit = w.query_of(w.row0) + w.len_k - p.seqlen_q;
+    const int64_t mask_free_end = CAUSAL ? (first_limit + 1 < w.len_k ? first_limit + 1 : w.len_k)
+                                         : w.len_k;
+
+    float o[MT][DT][4];
+    float row_max[MT][2], row_sum[MT][2];
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) {
+#pragma unroll
+        for (int dt = 0; dt < DT; dt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                o[mt][dt][e] = 0.f;
+        row_max[mt][0] = row_max[mt][1] = -INFINITY;
+        row_sum[mt][0] = row_sum[mt][1] = 0.f;
+    }
+
+    /* Each lane's ldmatrix address in the Q tile and in stage 0 of K and V. */
+    const ldsm_lane la = ldsm_A(lane), lb = ldsm_B(lane), lv = ldsm_B_trans(lane);
+    const uint32_t q_addr = smem_addr(s_q + q_tile::offset(warp * WARP_M + la.row, la.chunk));
+    const uint32_t k_addr0 = smem_addr(s_k + kv_tile::offset(lb.row, lb.chunk));
+    const uint32_t v_addr0 = smem_addr(s_v + kv_tile::offset(lv.row, lv.chunk));
+    for (int n = w.n_begin; n < w.n_end; n++) {
+        const int stage = (n - w.n_begin) % STAGES;
+        const uint32_t k_addr = k_addr0 + stage * kv_tile::BYTES;
+        const uint32_t v_addr = v_addr0 + stage * kv_tile::BYTES;
+        copy_async_wait<STAGES - 1>();
+        __syncthreads();
+
+        /* S = Q K^T */
+        float s[MT][NT][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    s[mt][nt][e] = 0.f;
+#pragma unroll
+        for (int kd = 0; kd < HEAD_DIM / MMA_K; kd++) {
+            uint32_t a[MT][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++)
+                ldmatrix_x4(a[mt], q_tile::step(q_addr, mt * MMA_M, kd * 2));
+#pragma unroll
+            for (int nt = 0; nt < NT; nt += 2) {
+                uint32_t b[4];
+                ldmatrix_x4(b, kv_tile::step(k_addr, nt * MMA_N, kd * 2));
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) {
+                    mma_AB<T>(s[mt][nt], a[mt], b);
+                    mma_AB<T>(s[mt][nt + 1], a[mt], b + 2);
+                }
+            }
+        }
+
+        /* Scale into the log2 domain; mask keys past the end and above the diagonal. */
+        const int64_t key0 = (int64_t)n * BLOCK_N;
+        const bool need_mask = key0 + BLOCK_N > mask_free_end;
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    float x = s[mt][nt][e] * p.scale_log2;
+                    if (need_mask) {
+                        int64_t key = key0 + nt * MMA_N + (lane % 4) * 2 + (e & 1);
+                        bool hidden = key >= w.len_k || (CAUSAL && key > key_limit[mt][e >> 1]);
+                        x = hidden ? -INFINITY : x;
+                    }
+                    s[mt][nt][e] = x;
+                }
+
+        /* Online softmax: new running max, rescale what is accumulated, P = exp2(S - m). */
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int half = 0; half < 2; half++) {
+                float m_new = row_max[mt][half];
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++)
+                    m_new = fmaxf(m_new, fmaxf(s[mt][nt][2 * half], s[mt][nt][2 * half + 1]));
+                m_new = quad_max(m_new);
+                /* A row that has seen only masked keys keeps m = -inf; shift by 0 then. */
+                const float shift = m_new == -INFINITY ? 0.f : m_new;
+                const float rescale = exp2_fast(row_max[mt][half] - shift);
+                row_max[mt][half] = m_new;
+                row_sum[mt][half] *= rescale;
+#pragma unroll
+                for (int dt = 0; dt < DT; dt++) {
+                    o[mt][dt][2 * half] *= rescale;
+                    o[mt][dt][2 * half + 1] *= rescale;
+                }
+                float sum = 0.f;
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                    for (int e = 2 * half; e < 2 * half + 2; e++) {
+                        float pe = exp2_fast(s[mt][nt][e] - shift);
+                        s[mt][nt][e] = pe;
+                        sum += pe;
+                    }
+                row_sum[mt][half] += sum;
+            }
+
+        /* O += P V, P converted to the A fragment of each 16-key step. */
+#pragma unroll
+        for (int kn = 0; kn < BLOCK_N / MMA_K; kn++) {
+            uint32_t pa[MT][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) {
+                pa[mt][0] = mma_type<T>::pack(s[mt][2 * kn][0], s[mt][2 * kn][1]);
+                pa[mt][1] = mma_type<T>::pack(s[mt][2 * kn][2], s[mt][2 * kn][3]);
+                pa[mt][2] = mma_type<T>::pack(s[mt][2 * kn + 1][0], s[mt][2 * kn + 1][1]);
+                pa[mt][3] = mma_type<T>::pack(s[mt][2 * kn + 1][2], s[mt][2 * kn + 1][3]);
+            }
+#pragma unroll
+            for (int dt = 0; dt < DT; dt += 2) {
+                uint32_t b[4];
+                ldmatrix_x4_trans(b, kv_tile::step(v_addr, kn * MMA_K, dt));
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) {
+                    mma_AB<T>(o[mt][dt], pa[mt], b);
+                    mma_AB<T>(o[mt][dt + 1], pa[mt], b + 2);
+                }
+            }
+        }
+
+        /* Everyone is done with this stage: refill it with the block STAGES ahead. */
+        __syncthreads();
+        if (n + STAGES < w.n_end)
+            load_kv(n + STAGES, stage);
+        copy_async_commit();
+    }
+    copy_async_wait<0>();
+
+    /* Epilogue: O / l and the natural-log LSE; rows that saw no key give 0 and -inf. */
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int half = 0; half < 2; half++) {
+            const int64_t row = w.row0 + warp * WARP_M + mt * MMA_M + lane / 4 + half * 8;
+            const float l = quad_sum(row_sum[mt][half]);
+            if (row >= w.rows)
+                continue;
+            const int64_t i = w.query_of(row), h = w.head_of(row);
+            const float inv = l == 0.f ? 0.f : 1.f / l;
+            const float lse = l == 0.f ? -INFINITY : (row_max[mt][half] + log2f(l)) * LN2;
+            const int col0 = (lane % 4) * 2;
+            if (SPLIT) {
+                const int64_t prow = ((int64_t)w.split * p.batch + w.b) * p.seqlen_q + i;
+                float *dst = p.o_accum + (prow * p.heads_q + h) * HEAD_DIM + col0;
+#pragma unroll
+                for (int dt = 0; dt < DT; dt++)
+                    *reinterpret_cast<float2 *>(dst + dt * MMA_N) =
+                        make_float2(o[mt][dt][2 * half] * inv, o[mt][dt][2 * half + 1] * inv);
+                if (lane % 4 == 0)
+                    p.lse_accum[(((int64_t)w.split * p.batch + w.b) * p.heads_q + h) * p.seqlen_q + i] = lse;
+            } else {
+                T *dst = static_cast<T *>(p.out) + w.b * p.o_batch_stride + i * p.o_row_stride +
+                         h * p.o_head_stride + col0;
+#pragma unroll
+                for (int dt = 0; dt < DT; dt++)
+                    *reinterpret_cast<uint32_t *>(dst + dt * MMA_N) =
+                        mma_type<T>::pack(o[mt][dt][2 * half] * inv, o[mt][dt][2 * half + 1] * inv);
+                if (p.lse && lane % 4 == 0)
+                    p.lse[w.b * p.lse_batch_stride + h * p.lse_head_stride + i * p.lse_row_stride] = lse;
+            }
+        }
+}
+
+/* Dynamic shared memory of one CTA of the kernel above. */
+template <int HEAD_DIM> constexpr int fwd_mma_smem_bytes()
+{
+    using cfg = mma_config<HEAD_DIM>;
+    return smem_tile<cfg::block_m, HEAD_DIM>::BYTES +
+           2 * cfg::stages * smem_tile<cfg::block_n, HEAD_DIM>::BYTES;
+}
+
+}  // namespace fmha
+
+#endif /* FMHA_FWD_MMA_H */

@@ -1,0 +1,70 @@
+/*
+ * hip_compat.h: the HIP names fmha_native calls, and nothing more.
+ *
+ * The kernels and the runtime glue are written in HIP.  Under hipcc this header
+ * is just <hip/hip_runtime.h>.  Under nvcc it maps each HIP name we use to its
+ * CUDA twin (we do not use the HIP-on-NVIDIA headers: Debian's HIP 5.2 copy
+ * does not compile against CUDA 13, whose cudaDeviceProp lost fields).  Add a
+ * name here only when the code needs it.
+ *
+ * It also gives the two 16-bit float types one spelling on both vendors
+ * (fmha_half, fmha_bf16) and the warp width as a compile-time constant.
+ */
+#ifndef FMHA_HIP_COMPAT_H
+#define FMHA_HIP_COMPAT_H
+
+#if defined(__HIPCC__) || defined(FMHA_WITH_HIP)
+
+#include <hip/hip_runtime.h>
+#include <hip/hip_fp16.h>
+#include <hip/hip_bf16.h>
+
+typedef __half fmha_half;
+typedef __hip_bfloat16 fmha_bf16;
+#define FMHA_PLATFORM "hip"
+#define FMHA_DEVICE_IS_AMD 1
+
+#else /* NVIDIA: CUDA behind the HIP names */
+
+#include <cuda_runtime.h>
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+
+typedef __half fmha_half;
+typedef __nv_bfloat16 fmha_bf16;
+#define FMHA_PLATFORM "cuda"
+#define FMHA_DEVICE_IS_AMD 0
+
+typedef cudaError_t hipError_t;
+typedef cudaStream_t hipStream_t;
+typedef cudaDeviceProp hipDeviceProp_t;
+#define hipSuccess cudaSuccess
+#define hipGetErrorString cudaGetErrorString
+#define hipGetLastError cudaGetLastError
+#define hipGetDeviceCount cudaGetDeviceCount
+#define hipGetDevice cudaGetDevice
+#define hipSetDevice cudaSetDevice
+#define hipGetDeviceProperties cudaGetDeviceProperties
+#define hipMallocAsync cudaMallocAsync
+#define hipFreeAsync cudaFreeAsync
+#define hipMemcpyAsync cudaMemcpyAsync
+typedef cudaMemcpyKind hipMemcpyKind;
+#define hipMemcpyHostToDevice cudaMemcpyHostToDevice
+#define hipMemcpyDeviceToHost cudaMemcpyDeviceToHost
+#define hipMemcpyDeviceToDevice cudaMemcpyDeviceToDevice
+#define hipStreamSynchronize cudaStreamSynchronize
+#define hipFuncSetAttribute cudaFuncSetAttribute
+#define hipFuncAttributeMaxDynamicSharedMemorySize cudaFuncAttributeMaxDynamicSharedMemorySize
+
+#endif
+
+/* Lanes per warp (wavefront): 32 on NVIDIA and RDNA, 64 on CDNA. */
+#if defined(__HIP_DEVICE_COMPILE__) && defined(__AMDGCN_WAVEFRONT_SIZE)
+#define FMHA_WARP_SIZE __AMDGCN_WAVEFRONT_SIZE
+#elif defined(__HIPCC__) || defined(FMHA_WITH_HIP)
+#define FMHA_WARP_SIZE 64
+#else
+#define FMHA_WARP_SIZE 32
+#endif
+
+#endif /* FMHA_HIP_COMPAT_H */

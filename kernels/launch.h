@@ -1,0 +1,35 @@
+/*
+ * launch.h: what the kernel translation units share with each other (not with
+ * the C host code, which sees gpu_runtime.h): the per-head_dim producer
+ * launchers instantiated in fwd_d*.hip, the combine launcher, and the error
+ * recording of runtime.hip.
+ */
+#ifndef FMHA_LAUNCH_H
+#define FMHA_LAUNCH_H
+
+#include "fmha.h"
+#include "fmha_config.h"
+#include "hip_compat.h"
+
+namespace fmha {
+
+/* Record a failed runtime call for fmha_rt_error_string(); returns FMHA_ERR_RUNTIME. */
+fmha_status record_error(const char *what, hipError_t err);
+
+/* Make `device` current for the calls that follow. */
+fmha_status use_device(int device);
+
+/* After a launch: FMHA_OK, or the launch error recorded. */
+fmha_status check_launch(const char *kernel);
+
+/* One producer launcher per FMHA_GPU_MMA_CONFIGS row, defined in fwd_d<hd>.hip. */
+#define FMHA_DECLARE_LAUNCHER(hd, bm, bn, w, st) fmha_status launch_fwd_mma_d##hd(const fmha_fwd_params &p);
+FMHA_GPU_MMA_CONFIGS(FMHA_DECLARE_LAUNCHER)
+#undef FMHA_DECLARE_LAUNCHER
+
+/* combine.hip: merge split partials into out/lse. */
+fmha_status launch_combine(const fmha_combine_params &c);
+
+}  // namespace fmha
+
+#endif /* FMHA_LAUNCH_H */

@@ -1,0 +1,125 @@
+/*
+ * launch.hip: the GPU entry points the host code calls (gpu_runtime.h).
+ * fmha_rt_launch_fwd appends new keys/values to the cache when asked, picks
+ * the producer compiled for p->head_dim (the planner has already checked
+ * that one exists) and, for split plans, folds the partials with the combine
+ * kernel.  Everything is enqueued on p->stream; nothing synchronises.
+ */
+#include "convert.h"
+#include "gpu_runtime.h"
+#include "launch.h"
+
+namespace fmha {
+namespace {
+
+constexpr int APPEND_THREADS = 256;
+
+/*
+ * KV append: row t of k_new/v_new goes to cache row seqlens_k[b] + t.  One
+ * thread copies one 16-byte chunk of one row of k or v (the planner's
+ * alignment gate guarantees 16-byte rows).
+ */
+template <typename T> __global__ void __launch_bounds__(APPEND_THREADS) append_kv_kernel(const fmha_fwd_params p)
+{
+    constexpr int ELEMS = 16 / sizeof(T);
+    const int64_t chunks = p.head_dim / ELEMS;
+    int64_t idx = (int64_t)blockIdx.x * APPEND_THREADS + threadIdx.x;
+    const int64_t total = p.batch * p.seqlen_new * p.heads_kv * chunks;
+    if (idx >= 2 * total)
+        return;
+    const bool is_v = idx >= total;
+    idx -= is_v ? total : 0;
+    const int64_t c = idx % chunks, hk = idx / chunks % p.heads_kv;
+    const int64_t t = idx / chunks / p.heads_kv % p.seqlen_new, b = idx / chunks / p.heads_kv / p.seqlen_new;
+    const int64_t row = (int64_t)p.seqlens_k[b] + t;
+    const T *src = static_cast<const T *>(is_v ? p.v_new : p.k_new) +
+                   b * (is_v ? p.vnew_batch_stride : p.knew_batch_stride) +
+                   t * (is_v ? p.vnew_row_stride : p.knew_row_stride) +
+                   hk * (is_v ? p.vnew_head_stride : p.knew_head_stride) + c * ELEMS;
+    /* The cache is declared const in the params (it is read-only for attention);
+     * the append is the one writer, and the host glue checked it is writable. */
+    T *dst = const_cast<T *>(static_cast<const T *>(is_v ? p.v : p.k)) +
+             b * (is_v ? p.v_batch_stride : p.k_batch_stride) +
+             row * (is_v ? p.v_row_stride : p.k_row_stride) +
+             hk * (is_v ? p.v_head_stride : p.k_head_stride) + c * ELEMS;
+    *reinterpret_cast<uint4 *>(dst) = *reinterpret_cast<const uint4 *>(src);
+}
+
+fmha_status launch_append(const fmha_fwd_params &p)
+{
+    const int64_t total = 2 * p.batch * p.seqlen_new * p.heads_kv * (p.head_dim * 2 / 16);
+    if (total == 0)
+        return FMHA_OK;
+    const int64_t ctas = (total + APPEND_THREADS - 1) / APPEND_THREADS;
+    if (p.dtype == FMHA_DTYPE_F16)
+        append_kv_kernel<fmha_half><<<dim3((unsigned)ctas), APPEND_THREADS, 0, (hipStream_t)p.stream>>>(p);
+    else
+        append_kv_kernel<fmha_bf16><<<dim3((unsigned)ctas), APPEND_THREADS, 0, (hipStream_t)p.stream>>>(p);
+    return check_launch("append_kv_kernel");
+}
+
+fmha_status launch_producer(const fmha_fwd_params &p)
+{
+    switch (p.head_dim) {
+#define FMHA_CASE(hd, bm, bn, w, st) \
+    case hd: return launch_fwd_mma_d##hd(p);
+        FMHA_GPU_MMA_CONFIGS(FMHA_CASE)
+#undef FMHA_CASE
+    }
+    return FMHA_ERR_UNSUPPORTED;
+}
+
+/* The split scratch seen as combine input (layouts in fmha.h). */
+fmha_combine_params scratch_combine(const fmha_fwd_params &p)
+{
+    fmha_combine_params c = {};
+    c.num_splits = p.num_splits;
+    c.batch = p.batch;
+    c.seqlen_q = p.seqlen_q;
+    c.heads = p.heads_q;
+    c.head_dim = p.head_dim;
+    c.in_dtype = FMHA_DTYPE_F32;
+    c.out_dtype = p.dtype;
+    c.o_partial = p.o_accum;
+    c.op_head_stride = p.head_dim;
+    c.op_row_stride = p.heads_q * p.head_dim;
+    c.op_batch_stride = p.seqlen_q * c.op_row_stride;
+    c.op_split_stride = p.batch * c.op_batch_stride;
+    c.lse_partial = p.lse_accum;
+    c.lp_row_stride = 1;
+    c.lp_head_stride = p.seqlen_q;
+    c.lp_batch_stride = p.heads_q * p.seqlen_q;
+    c.lp_split_stride = p.batch * c.lp_batch_stride;
+    c.out = p.out;
+    c.o_batch_stride = p.o_batch_stride;
+    c.o_row_stride = p.o_row_stride;
+    c.o_head_stride = p.o_head_stride;
+    c.lse = p.lse;
+    c.lse_batch_stride = p.lse_batch_stride;
+    c.lse_head_stride = p.lse_head_stride;
+    c.lse_row_stride = p.lse_row_stride;
+    c.stream = p.stream;
+    c.device = p.device;
+    return c;
+}
+
+}  // namespace
+}  // namespace fmha
+
+extern "C" fmha_status fmha_rt_launch_fwd(const fmha_fwd_params *p)
+{
+    fmha_status st = fmha::use_device(p->device);
+    if (st == FMHA_OK && p->k_new)
+        st = fmha::launch_append(*p);
+    if (st == FMHA_OK)
+        st = fmha::launch_producer(*p);
+    if (st == FMHA_OK && p->num_splits > 1)
+        st = fmha::launch_combine(fmha::scratch_combine(*p));
+    return st;
+}
+
+extern "C" fmha_status fmha_rt_launch_combine(const fmha_combine_params *c)
+{
+    fmha_status st = fmha::use_device(c->device);
+    return st == FMHA_OK ? fmha::launch_combine(*c) : st;
+}

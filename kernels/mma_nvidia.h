@@ -1,0 +1,147 @@
+/*
+ * mma_nvidia.h: NVIDIA matrix-core and copy atoms (sm_80+), the only place
+ * with inline PTX.  The producer kernel sees a small interface:
+ *
+ *   mma_AB(c, a, b)          c[16x8] += a[16x16] * b[16x8], fp32 accumulate
+ *   load_A / load_B / load_B_trans   ldmatrix.x4 fragments from shared memory
+ *   copy_async_16 / copy_async_commit / copy_async_wait<N>   cp.async pipeline
+ *   quad_max / quad_sum      reduce the 4 lanes that hold one accumulator row
+ *   exp2_fast                ex2.approx (the scale is folded into the scores)
+ *
+ * Fragment layout of m16n8k16 (lane = 4 * group + quad_lane):
+ *   A: regs {0,1,2,3} hold rows {g, g+8, g, g+8}, cols {2q, 2q, 2q+8, 2q+8} (+1)
+ *   B: regs {0,1} hold k rows {2q, 2q+8} (+1), column g
+ *   C: floats {0,1} row g, cols 2q, 2q+1; floats {2,3} row g+8, same cols
+ * so the C fragments of two adjacent 8-column tiles are exactly an A
+ * fragment of a 16-column tile: P never leaves registers.
+ */
+#ifndef FMHA_MMA_NVIDIA_H
+#define FMHA_MMA_NVIDIA_H
+
+#include "hip_compat.h"
+
+#include <stdint.h>
+
+namespace fmha {
+
+/* Rows of the m16n8k16 atom, and the lanes that share one accumulator row. */
+constexpr int MMA_M = 16;
+constexpr int MMA_N = 8;
+constexpr int MMA_K = 16;
+constexpr int LANES_PER_ROW = 4;
+
+template <typename T> struct mma_type;
+template <> struct mma_type<fmha_half> {
+    __device__ static uint32_t pack(float lo, float hi)
+    {
+        __half2 h = __floats2half2_rn(lo, hi);
+        return *reinterpret_cast<uint32_t *>(&h);
+    }
+    __device__ static fmha_half from_float(float x) { return __float2half_rn(x); }
+};
+template <> struct mma_type<fmha_bf16> {
+    __device__ static uint32_t pack(float lo, float hi)
+    {
+        __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+        return *reinterpret_cast<uint32_t *>(&h);
+    }
+    __device__ static fmha_bf16 from_float(float x) { return __float2bfloat16_rn(x); }
+};
+
+template <typename T>
+__device__ __forceinline__ void mma_AB(float c[4], const uint32_t a[4], const uint32_t b[2]);
+
+template <>
+__device__ __forceinline__ void mma_AB<fmha_half>(float c[4], const uint32_t a[4],
+                                                  const uint32_t b[2])
+{
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+template <>
+__device__ __forceinline__ void mma_AB<fmha_bf16>(float c[4], const uint32_t a[4],
+                                                  const uint32_t b[2])
+{
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+__device__ __forceinline__ uint32_t smem_addr(const void *p)
+{
+    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+/* Four 8x8 matrices; lane l supplies the shared address of a row of matrix l / 8. */
+__device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], uint32_t row_addr)
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(row_addr));
+}
+
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t r[4], uint32_t row_addr)
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(row_addr));
+}
+
+/*
+ * Which (row, 8-column chunk) of a 16x16 operand tile lane l addresses in an
+ * ldmatrix.x4, for each of the three uses:
+ *   A (row-major rows x k):   matrices (r0-7,k0-7) (r8-15,k0-7) (r0-7,k8-15) (r8-15,k8-15)
+ *   B from [n][k] storage:    matrices (n0-7,k0-7) (n0-7,k8-15) (n8-15,k0-7) (n8-15,k8-15)
+ *                             = b[0..1] of n-tile 0, then b[0..1] of n-tile 1
+ *   B from [k][n] storage, transposed on load:
+ *                             matrices (k0-7,n0-7) (k8-15,n0-7) (k0-7,n8-15) (k8-15,n8-15)
+ */
+struct ldsm_lane {
+    int row;   /* row of the stored tile */
+    int chunk; /* 8-element chunk along the stored row: 0 or 1 */
+};
+__device__ __forceinline__ ldsm_lane ldsm_A(int lane) { return {(lane & 15), lane >> 4}; }
+__device__ __forceinline__ ldsm_lane ldsm_B(int lane)
+{
+    return {(lane & 7) + ((lane >> 4) << 3), (lane >> 3) & 1};
+}
+__device__ __forceinline__ ldsm_lane ldsm_B_trans(int lane) { return {(lane & 15), lane >> 4}; }
+
+/* 16-byte global -> shared copy; when !valid the destination is zero-filled. */
+__device__ __forceinline__ void copy_async_16(void *dst, const void *src, bool valid)
+{
+    int src_bytes = valid ? 16 : 0;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)),
+                 "l"(src), "r"(src_bytes));
+}
+__device__ __forceinline__ void copy_async_commit() { asm volatile("cp.async.commit_group;\n"); }
+template <int N> __device__ __forceinline__ void copy_async_wait()
+{
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+__device__ __forceinline__ float quad_max(float x)
+{
+    x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+    return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+__device__ __forceinline__ float quad_sum(float x)
+{
+    x += __shfl_xor_sync(0xffffffffu, x, 1);
+    return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
+__device__ __forceinline__ float exp2_fast(float x)
+{
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+
+}  // namespace fmha
+
+#endif /* FMHA_MMA_NVIDIA_H */

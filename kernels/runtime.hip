@@ -1,0 +1,140 @@
+/*
+ * runtime.hip: the GPU runtime calls of fmha_native (device count and
+ * properties, stream-ordered memory, copies, errors), in HIP names that
+ * hip_compat.h maps to CUDA on NVIDIA.  Kernels live in the other .hip files.
+ */
+#include "gpu_runtime.h"
+#include "hip_compat.h"
+#include "launch.h"
+
+#include <stdio.h>
+#include <string.h>
+
+namespace {
+thread_local char g_error[256];
+}  // namespace
+
+namespace fmha {
+
+fmha_status record_error(const char *what, hipError_t err)
+{
+    if (err == hipSuccess)
+        snprintf(g_error, sizeof g_error, "%s", what);
+    else
+        snprintf(g_error, sizeof g_error, "%s: %s", what, hipGetErrorString(err));
+    return FMHA_ERR_RUNTIME;
+}
+
+fmha_status check_launch(const char *kernel)
+{
+    hipError_t err = hipGetLastError();
+    return err == hipSuccess ? FMHA_OK : record_error(kernel, err);
+}
+
+fmha_status use_device(int device)
+{
+    int current = -1;
+    hipError_t err = hipGetDevice(&current);
+    if (err != hipSuccess)
+        return record_error("hipGetDevice", err);
+    if (current != device) {
+        err = hipSetDevice(device);
+        if (err != hipSuccess)
+            return record_error("hipSetDevice", err);
+    }
+    return FMHA_OK;
+}
+
+}  // namespace fmha
+
+using fmha::use_device;
+
+static fmha_status fail(const char *what, hipError_t err) { return fmha::record_error(what, err); }
+
+extern "C" {
+
+const char *fmha_rt_platform(void) { return FMHA_PLATFORM; }
+
+const char *fmha_rt_error_string(void) { return g_error; }
+
+int fmha_rt_device_count(void)
+{
+    int n = 0;
+    if (hipGetDeviceCount(&n) != hipSuccess) {
+        (void)hipGetLastError(); /* no driver / no device is not an error for the caller */
+        return 0;
+    }
+    return n;
+}
+
+fmha_status fmha_rt_query_device(int ordinal, fmha_device_info *info)
+{
+    hipDeviceProp_t prop;
+    hipError_t err = hipGetDeviceProperties(&prop, ordinal);
+    if (err != hipSuccess)
+        return fail("hipGetDeviceProperties", err);
+    memset(info, 0, sizeof *info);
+    info->ordinal = ordinal;
+    info->is_amd = FMHA_DEVICE_IS_AMD;
+    info->sm_count = prop.multiProcessorCount;
+    info->warp_size = prop.warpSize;
+    info->max_smem_per_block = (int)prop.sharedMemPerBlockOptin;
+    info->l2_bytes = prop.l2CacheSize;
+    snprintf(info->name, sizeof info->name, "%s", prop.name);
+#if FMHA_DEVICE_IS_AMD
+    snprintf(info->arch, sizeof info->arch, "%s", prop.gcnArchName);
+#else
+    info->cc_major = prop.major;
+    info->cc_minor = prop.minor;
+    snprintf(info->arch, sizeof info->arch, "sm_%d%d", prop.major, prop.minor);
+#endif
+    return FMHA_OK;
+}
+
+fmha_status fmha_rt_malloc(int device, void *stream, size_t bytes, void **ptr)
+{
+    fmha_status st = use_device(device);
+    if (st != FMHA_OK)
+        return st;
+    hipError_t err = hipMallocAsync(ptr, bytes, (hipStream_t)stream);
+    if (err != hipSuccess) {
+        (void)hipGetLastError();
+        snprintf(g_error, sizeof g_error, "hipMallocAsync(%zu bytes): %s", bytes,
+                 hipGetErrorString(err));
+        return FMHA_ERR_NOMEM;
+    }
+    return FMHA_OK;
+}
+
+fmha_status fmha_rt_free(int device, void *stream, void *ptr)
+{
+    fmha_status st = use_device(device);
+    if (st != FMHA_OK)
+        return st;
+    hipError_t err = hipFreeAsync(ptr, (hipStream_t)stream);
+    return err == hipSuccess ? FMHA_OK : fail("hipFreeAsync", err);
+}
+
+fmha_status fmha_rt_memcpy(int device, void *stream, void *dst, const void *src, size_t bytes,
+                           fmha_copy_kind kind)
+{
+    fmha_status st = use_device(device);
+    if (st != FMHA_OK)
+        return st;
+    hipMemcpyKind k = kind == FMHA_COPY_H2D   ? hipMemcpyHostToDevice
+                      : kind == FMHA_COPY_D2H ? hipMemcpyDeviceToHost
+                                              : hipMemcpyDeviceToDevice;
+    hipError_t err = hipMemcpyAsync(dst, src, bytes, k, (hipStream_t)stream);
+    return err == hipSuccess ? FMHA_OK : fail("hipMemcpyAsync", err);
+}
+
+fmha_status fmha_rt_stream_sync(int device, void *stream)
+{
+    fmha_status st = use_device(device);
+    if (st != FMHA_OK)
+        return st;
+    hipError_t err = hipStreamSynchronize((hipStream_t)stream);
+    return err == hipSuccess ? FMHA_OK : fail("hipStreamSynchronize", err);
+}
+
+}  // extern "C"
