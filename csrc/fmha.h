@@ -139,7 +139,8 @@ typedef struct fmha_device_info {
     int cc_major, cc_minor; /* NVIDIA compute capability; 0/0 on AMD */
     int sm_count;           /* multiprocessors (NVIDIA) or compute units (AMD) */
     int warp_size;
-    int max_smem_per_block; /* opt-in limit, bytes */
+    int max_smem_per_block; /* opt-in limit of one CTA, bytes */
+    int max_smem_per_sm;    /* shared memory of one SM, bytes */
     int64_t l2_bytes;
     char name[128];
     char arch[64];          /* "sm_90" or gcnArchName */

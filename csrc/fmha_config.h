@@ -11,7 +11,8 @@
 
 /* Kernel ids, shared by planner and launcher. */
 #define FMHA_KERNEL_CPU_TILED 0   /* CPU: block_m x block_n tiles, online softmax */
-#define FMHA_KERNEL_GPU_MMA 1     /* GPU: tensor-core tiles (mma.sync / MFMA) */
+#define FMHA_KERNEL_GPU_MMA 1     /* GPU: tensor-core tiles (mma.sync / MFMA), prefill */
+#define FMHA_KERNEL_GPU_DECODE 2  /* GPU: same kernel, few packed rows, deep K/V ring */
 
 /*
  * GPU tensor-core producer, one row per head_dim:
@@ -25,6 +26,19 @@
 #define FMHA_GPU_MMA_CONFIGS(X) \
     X(64, 128, 64, 8, 2)        \
     X(128, 128, 64, 8, 2)
+
+/*
+ * GPU decode tiles, for few rows per kv head (decode, speculative decoding):
+ * the query heads of a kv head are packed into the rows (pack_gqa), a CTA is
+ * small so many run per SM, and a deep cp.async ring keeps HBM busy.  Same
+ * fields as above.
+ */
+#define FMHA_GPU_DECODE_CONFIGS(X) \
+    X(64, 16, 64, 1, 4)            \
+    X(128, 16, 32, 1, 4)
+
+/* Packed rows per kv head up to which the planner picks the decode tiles. */
+#define FMHA_GPU_DECODE_MAX_ROWS 16
 
 /* CPU tiles: query rows and keys per step (any head_dim 1..FMHA_CPU_MAX_HEAD_DIM). */
 #define FMHA_CPU_BLOCK_M 16

@@ -5,7 +5,7 @@
  * from memory), the split-K scratch (stream-ordered allocations, so a call
  * never synchronises the device and works under graph capture) and the
  * public fmha_gpu_* entry points.  The runtime calls and kernels themselves
- * are in kernels/*.hip, reached through gpu_runtime.h.  In a CPU-only build
+ * are in the .hip files under kernels/, reached through gpu_runtime.h.  In a CPU-only build
  * this file provides the same entry points reporting no device.
  */
 #include "fmha.h"

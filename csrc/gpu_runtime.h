@@ -1,5 +1,5 @@
 /*
- * gpu_runtime.h: what the GPU objects (kernels/*.hip, built by nvcc or hipcc)
+ * gpu_runtime.h: what the GPU objects (the .hip files under kernels/, built by nvcc or hipcc)
  * export to the C host code.  gpu.c is the only includer: it wraps these in the
  * public fmha_gpu_* API, caches device properties and owns the split scratch.
  * Every function sets the current device itself and reports runtime failures

@@ -141,12 +141,26 @@ static void plan_cpu(const fmha_fwd_params *p, const fmha_target *t, int request
              plan->block_m, plan->block_n, threads, why);
 }
 
-/* The GPU tensor-core kernels are instantiated for the head_dims of this table. */
-static int gpu_mma_config(int64_t head_dim, int *block_m, int *block_n)
+/* A row of the GPU tile tables. */
+typedef struct gpu_tiles {
+    int block_m, block_n, warps, stages;
+} gpu_tiles;
+
+/* The GPU kernels are instantiated for the head_dims of these tables. */
+static int gpu_mma_config(int64_t head_dim, gpu_tiles *t)
 {
-#define FMHA_MATCH(hd, bm, bn, warps, stages) \
-    if (head_dim == (hd)) { *block_m = (bm); *block_n = (bn); return 1; }
+#define FMHA_MATCH(hd, bm, bn, w, st) \
+    if (head_dim == (hd)) { *t = (gpu_tiles){bm, bn, w, st}; return 1; }
     FMHA_GPU_MMA_CONFIGS(FMHA_MATCH)
+#undef FMHA_MATCH
+    return 0;
+}
+
+static int gpu_decode_config(int64_t head_dim, gpu_tiles *t)
+{
+#define FMHA_MATCH(hd, bm, bn, w, st) \
+    if (head_dim == (hd)) { *t = (gpu_tiles){bm, bn, w, st}; return 1; }
+    FMHA_GPU_DECODE_CONFIGS(FMHA_MATCH)
 #undef FMHA_MATCH
     return 0;
 }
@@ -196,13 +210,12 @@ static int gpu_rows_aligned(const fmha_fwd_params *p)
     return 1;
 }
 
-/* Resident CTAs per SM of the tensor-core kernel: shared memory bound. */
-static int gpu_ctas_per_sm(const fmha_device_info *dev, int64_t head_dim, int block_m,
-                           int block_n)
+/* Resident CTAs per SM of the tensor-core kernel, as its shared memory allows. */
+static int gpu_ctas_per_sm(const fmha_device_info *dev, int64_t head_dim, const gpu_tiles *t)
 {
-    /* Q tile + two K and two V stages, 2-byte elements. */
-    int64_t smem = (int64_t)(block_m + 4 * block_n) * head_dim * 2;
-    int64_t per_sm = dev->max_smem_per_block > 0 ? dev->max_smem_per_block : 0;
+    /* Q tile + `stages` K and V tiles, 2-byte elements. */
+    int64_t smem = (int64_t)(t->block_m + 2 * t->stages * t->block_n) * head_dim * 2;
+    int64_t per_sm = dev->max_smem_per_sm > 0 ? dev->max_smem_per_sm : dev->max_smem_per_block;
     int ctas = smem > 0 ? (int)(per_sm / smem) : 1;
     return ctas < 1 ? 1 : ctas;
 }
@@ -232,8 +245,8 @@ static void plan_gpu(const fmha_fwd_params *p, const fmha_target *t, int request
     gate_add(plan, "dtype", dt_ok, "%s %s (GPU kernels: float16, bfloat16)",
              dtype_name(p->dtype), dt_ok ? "supported" : "not supported");
 
-    int block_m = 0, block_n = 0;
-    int hd_ok = gpu_mma_config(p->head_dim, &block_m, &block_n);
+    gpu_tiles tiles_mma = {0, 0, 0, 0};
+    int hd_ok = gpu_mma_config(p->head_dim, &tiles_mma);
     char dims[64];
     gpu_head_dims(dims, sizeof dims);
     gate_add(plan, "head_dim", hd_ok, "head_dim %lld %s {%s}", (long long)p->head_dim,
@@ -258,29 +271,34 @@ static void plan_gpu(const fmha_fwd_params *p, const fmha_target *t, int request
      * heads sharing a kv head into one tile so each K/V byte is read once.
      */
     int64_t group = p->heads_q / p->heads_kv;
-    plan->pack_gqa = group > 1 && p->seqlen_q * group <= block_m;
-    plan->kernel_id = FMHA_KERNEL_GPU_MMA;
-    plan->block_m = block_m;
-    plan->block_n = block_n;
+    gpu_tiles tiles = tiles_mma;
+    int decode = p->seqlen_q * group <= FMHA_GPU_DECODE_MAX_ROWS &&
+                 gpu_decode_config(p->head_dim, &tiles);
+    plan->kernel_id = decode ? FMHA_KERNEL_GPU_DECODE : FMHA_KERNEL_GPU_MMA;
+    plan->pack_gqa = group > 1 && p->seqlen_q * group <= tiles.block_m;
+    plan->block_m = tiles.block_m;
+    plan->block_n = tiles.block_n;
 
-    int64_t key_blocks = fmha_num_key_blocks(p, block_n);
-    int64_t row_tiles = ceil_div(tile_rows(p, plan->pack_gqa), block_m);
-    int64_t tiles = p->batch * (plan->pack_gqa ? p->heads_kv : p->heads_q) * row_tiles;
-    int64_t slots = (int64_t)dev->sm_count * gpu_ctas_per_sm(dev, p->head_dim, block_m, block_n);
+    int64_t key_blocks = fmha_num_key_blocks(p, tiles.block_n);
+    int64_t row_tiles = ceil_div(tile_rows(p, plan->pack_gqa), tiles.block_m);
+    int64_t n_tiles = p->batch * (plan->pack_gqa ? p->heads_kv : p->heads_q) * row_tiles;
+    int64_t slots = (int64_t)dev->sm_count * gpu_ctas_per_sm(dev, p->head_dim, &tiles);
     char why[160];
     if (requested > 0) {
         plan->num_splits = clamp_forced_splits(requested, key_blocks);
         snprintf(why, sizeof why, "num_splits=%d forced (clamped to %lld key blocks)",
                  requested, (long long)key_blocks);
     } else {
-        plan->num_splits = choose_splits(tiles, slots, key_blocks, FMHA_MAX_SPLITS,
+        plan->num_splits = choose_splits(n_tiles, slots, key_blocks, FMHA_MAX_SPLITS,
                                          why, sizeof why);
     }
-    snprintf(plan->kernel, sizeof plan->kernel, "fwd_mma<%s,d%lld%s%s>%s",
+    snprintf(plan->kernel, sizeof plan->kernel, "fwd_%s<%s,d%lld%s%s>%s",
+             decode ? "decode" : "mma",
              dtype_name(p->dtype), (long long)p->head_dim, p->causal ? ",causal" : "",
              plan->pack_gqa ? ",pack_gqa" : "", plan->num_splits > 1 ? "+combine" : "");
-    snprintf(plan->reason, sizeof plan->reason, "tensor-core tiles %dx%d%s; %s",
-             block_m, block_n, plan->pack_gqa ? ", query heads of a kv head packed" : "", why);
+    snprintf(plan->reason, sizeof plan->reason, "%s tensor-core tiles %dx%d%s; %s",
+             decode ? "decode (few rows per kv head)" : "prefill",
+             tiles.block_m, tiles.block_n, plan->pack_gqa ? ", query heads of a kv head packed" : "", why);
 }
 
 fmha_status fmha_plan_make(const fmha_fwd_params *p, const fmha_target *t, int requested_splits,

@@ -20,6 +20,7 @@
 #include "fmha_config.h"
 #include "hip_compat.h"
 #include "mma_nvidia.h"
+#include "mma_sm90.h"
 
 #include <math.h>
 
@@ -28,47 +29,55 @@ namespace fmha {
 constexpr float LN2 = 0.693147180559945309f;
 constexpr int ELEMS_PER_CHUNK = 8; /* 16-byte copies of 16-bit elements */
 
-/* Compile-time tile configuration, one specialisation per FMHA_GPU_MMA_CONFIGS row. */
-template <int HEAD_DIM> struct mma_config;
-#define FMHA_DEFINE_CONFIG(hd, bm, bn, w, st)                                             \
-    template <> struct mma_config<hd> {                                                   \
-        static constexpr int block_m = bm, block_n = bn, warps = w, stages = st;          \
-        static_assert(bm % (16 * w) == 0, "each warp owns whole 16-row mma tiles");       \
-        static_assert(bn % 16 == 0 && hd % 16 == 0, "tiles are whole mma k-steps");       \
-        static_assert(st >= 1, "at least one K/V stage");                                 \
-    };
-FMHA_GPU_MMA_CONFIGS(FMHA_DEFINE_CONFIG)
-#undef FMHA_DEFINE_CONFIG
+/* Compile-time tile configuration: one instantiation per row of the tables in fmha_config.h. */
+template <int HEAD_DIM, int BLOCK_M, int BLOCK_N, int WARPS, int STAGES> struct tile_config {
+    static constexpr int head_dim = HEAD_DIM, block_m = BLOCK_M, block_n = BLOCK_N;
+    static constexpr int warps = WARPS, stages = STAGES;
+    static_assert(BLOCK_M % (16 * WARPS) == 0, "each warp owns whole 16-row mma tiles");
+    static_assert(BLOCK_N % 16 == 0 && HEAD_DIM % 16 == 0, "tiles are whole mma k-steps");
+    static_assert(STAGES >= 1, "at least one K/V stage");
+};
 
 /*
- * A ROWS x HEAD_DIM tile of 16-bit elements in shared memory, stored in
- * 16-byte chunks.  With >= 8 chunks a row (a power-of-two row size), chunk c
- * of row r sits at c ^ (r % 8), so the 8 row addresses of an ldmatrix hit 8
- * different bank groups; other widths pad each row by one chunk instead.
+ * A ROWS x HEAD_DIM tile of 16-bit elements in shared memory, in 16-byte
+ * chunks.  When HEAD_DIM is a multiple of 64 the tile is stored as 64-column
+ * panels of 128-byte rows, chunk c of row r at c ^ (r % 8): the 8 row
+ * addresses of an ldmatrix hit 8 different bank groups, and each panel is
+ * exactly the 128-byte-swizzled layout wgmma reads (mma_sm90.h).  Other
+ * widths pad each row by one chunk instead.
  */
 template <int ROWS, int HEAD_DIM> struct smem_tile {
     static constexpr int CHUNKS = HEAD_DIM / ELEMS_PER_CHUNK;
-    static constexpr bool SWIZZLED = CHUNKS % 8 == 0 && (CHUNKS & (CHUNKS - 1)) == 0;
-    static constexpr int ROW_CHUNKS = SWIZZLED ? CHUNKS : CHUNKS + 1;
-    static constexpr int ROW_BYTES = ROW_CHUNKS * 16;
-    static constexpr int ELEMS = ROWS * ROW_CHUNKS * ELEMS_PER_CHUNK;
-    static constexpr int BYTES = ELEMS * 2;
+    static constexpr int PANEL_CHUNKS = 8; /* 128-byte rows */
+    static constexpr bool SWIZZLED = CHUNKS % PANEL_CHUNKS == 0;
+    static constexpr int ROW_BYTES = SWIZZLED ? PANEL_CHUNKS * 16 : (CHUNKS + 1) * 16;
+    static constexpr int PANEL_BYTES = SWIZZLED ? ROWS * ROW_BYTES : 0;
+    static constexpr int BYTES = SWIZZLED ? CHUNKS / PANEL_CHUNKS * PANEL_BYTES : ROWS * ROW_BYTES;
+    static constexpr int ELEMS = BYTES / 2;
+    static_assert(!SWIZZLED || ROWS % 8 == 0, "swizzled panels hold whole 8-row atoms");
+
+    /* Element offset of (row, chunk). */
     __device__ static int offset(int row, int chunk)
     {
-        int phys = SWIZZLED ? (chunk ^ (row & 7)) : chunk;
-        return (row * ROW_CHUNKS + phys) * ELEMS_PER_CHUNK;
+        if (!SWIZZLED)
+            return (row * ROW_BYTES + chunk * 16) / 2;
+        int panel = chunk / PANEL_CHUNKS, within = chunk % PANEL_CHUNKS;
+        return (panel * PANEL_BYTES + row * ROW_BYTES + ((within ^ (row & 7)) * 16)) / 2;
     }
     /*
      * Shared address of (row + row_step, chunk + chunk_step) from a lane's own
      * address of (row, chunk), for row_step a multiple of 8, chunk in {0, 1}
-     * and chunk_step even.  Then chunk + chunk_step = chunk ^ chunk_step, and
-     * the swizzle is an XOR too, so the step is one XOR with a constant: no
-     * per-step address registers (tile bases are ROW_BYTES aligned).
+     * and chunk_step even.  Then the step inside a panel is an XOR with a
+     * constant (chunk + step = chunk ^ step, and the swizzle is an XOR too), so
+     * no per-step address registers are needed.  Tile bases are 1024-aligned.
      */
     __device__ static uint32_t step(uint32_t lane_addr, int row_step, int chunk_step)
     {
-        uint32_t a = lane_addr + (uint32_t)(row_step * ROW_BYTES);
-        return SWIZZLED ? a ^ (uint32_t)(chunk_step * 16) : a + (uint32_t)(chunk_step * 16);
+        if (!SWIZZLED)
+            return lane_addr + (uint32_t)(row_step * ROW_BYTES + chunk_step * 16);
+        uint32_t a = lane_addr + (uint32_t)(row_step * ROW_BYTES +
+                                            chunk_step / PANEL_CHUNKS * PANEL_BYTES);
+        return a ^ (uint32_t)(chunk_step % PANEL_CHUNKS * 16);
     }
 };
 
@@ -151,11 +160,162 @@ __device__ __forceinline__ cta_work make_work(const fmha_fwd_params &p)
     return w;
 }
 
-template <typename T, int HEAD_DIM, bool CAUSAL, bool SPLIT>
-__global__ void __launch_bounds__(mma_config<HEAD_DIM>::warps * 32)
+/* P (the C fragments of 8-key tiles 2kn, 2kn+1) as the A fragment of 16-key step kn. */
+template <typename T, int MT, int NT>
+__device__ __forceinline__ void p_fragment(uint32_t (&a)[4], const float (&s)[MT][NT][4], int mt, int kn)
+{
+    a[0] = mma_type<T>::pack(s[mt][2 * kn][0], s[mt][2 * kn][1]);
+    a[1] = mma_type<T>::pack(s[mt][2 * kn][2], s[mt][2 * kn][3]);
+    a[2] = mma_type<T>::pack(s[mt][2 * kn + 1][0], s[mt][2 * kn + 1][1]);
+    a[3] = mma_type<T>::pack(s[mt][2 * kn + 1][2], s[mt][2 * kn + 1][3]);
+}
+
+/*
+ * The two tile products of the main loop, S = Q K^T and O += P V, for the
+ * rows this warp owns.  Two engines share the fragment layout, so the
+ * softmax around them is the same code:
+ *   tile_math<..., false>  mma.sync m16n8k16 fed by ldmatrix (sm_80+)
+ *   tile_math<..., true>   wgmma from shared-memory descriptors (sm_90a)
+ */
+template <typename T, typename cfg, bool WGMMA> struct tile_math;
+
+template <typename T, typename cfg> struct tile_math<T, cfg, false> {
+    static constexpr int HEAD_DIM = cfg::head_dim, BLOCK_N = cfg::block_n;
+    static constexpr int WARP_M = cfg::block_m / cfg::warps, MT = WARP_M / MMA_M;
+    static constexpr int NT = BLOCK_N / MMA_N, DT = HEAD_DIM / MMA_N;
+    using q_tile = smem_tile<cfg::block_m, HEAD_DIM>;
+    using kv_tile = smem_tile<BLOCK_N, HEAD_DIM>;
+    uint32_t q_addr, k_addr, v_addr; /* this lane's ldmatrix addresses, stage 0 */
+
+    __device__ tile_math(const T *s_q, const T *s_k, const T *s_v, int warp, int lane)
+    {
+        const ldsm_lane la = ldsm_A(lane), lb = ldsm_B(lane), lv = ldsm_B_trans(lane);
+        q_addr = smem_addr(s_q + q_tile::offset(warp * WARP_M + la.row, la.chunk));
+        k_addr = smem_addr(s_k + kv_tile::offset(lb.row, lb.chunk));
+        v_addr = smem_addr(s_v + kv_tile::offset(lv.row, lv.chunk));
+    }
+
+    __device__ void scores(float (&s)[MT][NT][4], int stage) const
+    {
+        const uint32_t k_stage = k_addr + stage * kv_tile::BYTES;
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    s[mt][nt][e] = 0.f;
+#pragma unroll
+        for (int kd = 0; kd < HEAD_DIM / MMA_K; kd++) {
+            uint32_t a[MT][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++)
+                ldmatrix_x4(a[mt], q_tile::step(q_addr, mt * MMA_M, kd * 2));
+#pragma unroll
+            for (int nt = 0; nt < NT; nt += 2) {
+                uint32_t b[4];
+                ldmatrix_x4(b, kv_tile::step(k_stage, nt * MMA_N, kd * 2));
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) {
+                    mma_AB<T>(s[mt][nt], a[mt], b);
+                    mma_AB<T>(s[mt][nt + 1], a[mt], b + 2);
+                }
+            }
+        }
+    }
+
+    __device__ void accumulate(float (&o)[MT][DT][4], const float (&s)[MT][NT][4], int stage) const
+    {
+        const uint32_t v_stage = v_addr + stage * kv_tile::BYTES;
+#pragma unroll
+        for (int kn = 0; kn < BLOCK_N / MMA_K; kn++) {
+            uint32_t pa[MT][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++)
+                p_fragment<T>(pa[mt], s, mt, kn);
+#pragma unroll
+            for (int dt = 0; dt < DT; dt += 2) {
+                uint32_t b[4];
+                ldmatrix_x4_trans(b, kv_tile::step(v_stage, kn * MMA_K, dt));
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) {
+                    mma_AB<T>(o[mt][dt], pa[mt], b);
+                    mma_AB<T>(o[mt][dt + 1], pa[mt], b + 2);
+                }
+            }
+        }
+    }
+};
+
+#if FMHA_HAS_WGMMA
+template <typename T, typename cfg> struct tile_math<T, cfg, true> {
+    static constexpr int HEAD_DIM = cfg::head_dim, BLOCK_N = cfg::block_n;
+    static constexpr int MT = 1, NT = BLOCK_N / MMA_N, DT = HEAD_DIM / MMA_N;
+    using q_tile = smem_tile<cfg::block_m, HEAD_DIM>;
+    using kv_tile = smem_tile<BLOCK_N, HEAD_DIM>;
+    static constexpr int K_STEPS_PER_PANEL = SWIZZLE_ROW_BYTES / (WGMMA_K * 2);
+    static_assert(q_tile::SWIZZLED && kv_tile::SWIZZLED, "wgmma reads 128-byte swizzled panels");
+    uint32_t q_base, k_base, v_base; /* shared addresses: this warpgroup's Q rows, K and V stage 0 */
+
+    __device__ tile_math(const T *s_q, const T *s_k, const T *s_v, int warp, int)
+    {
+        q_base = smem_addr(s_q) + (warp / 4) * WGMMA_M * SWIZZLE_ROW_BYTES;
+        k_base = smem_addr(s_k);
+        v_base = smem_addr(s_v);
+    }
+
+    __device__ void scores(float (&s)[1][NT][4], int stage) const
+    {
+        float(&d)[NT * 4] = reinterpret_cast<float(&)[NT * 4]>(s[0]);
+        const uint32_t k_stage = k_base + stage * kv_tile::BYTES;
+        wgmma_fence();
+#pragma unroll
+        for (int kd = 0; kd < HEAD_DIM / WGMMA_K; kd++) {
+            const uint32_t panel = kd / K_STEPS_PER_PANEL, within = kd % K_STEPS_PER_PANEL * WGMMA_K * 2;
+            const uint64_t da = smem_desc(q_base + panel * q_tile::PANEL_BYTES + within, 16, SWIZZLE_ATOM_BYTES);
+            const uint64_t db = smem_desc(k_stage + panel * kv_tile::PANEL_BYTES + within, 16, SWIZZLE_ATOM_BYTES);
+            wgmma<T, BLOCK_N>::ss(d, da, db, kd > 0);
+        }
+        wgmma_commit();
+        wgmma_wait<0>();
+        fence_regs(d);
+    }
+
+    __device__ void accumulate(float (&o)[1][DT][4], const float (&s)[1][NT][4], int stage) const
+    {
+        float(&d)[DT * 4] = reinterpret_cast<float(&)[DT * 4]>(o[0]);
+        const uint32_t v_stage = v_base + stage * kv_tile::BYTES;
+        uint32_t pa[BLOCK_N / WGMMA_K][4];
+#pragma unroll
+        for (int kn = 0; kn < BLOCK_N / WGMMA_K; kn++)
+            p_fragment<T>(pa[kn], s, 0, kn);
+        wgmma_fence();
+#pragma unroll
+        for (int kn = 0; kn < BLOCK_N / WGMMA_K; kn++) {
+            /* V is MN-major: 16 key rows of 128 B per step, panels kv_tile::PANEL_BYTES apart. */
+            const uint64_t db = smem_desc(v_stage + kn * WGMMA_K * SWIZZLE_ROW_BYTES,
+                                          kv_tile::PANEL_BYTES, SWIZZLE_ATOM_BYTES);
+            wgmma<T, HEAD_DIM>::rs(d, pa[kn], db);
+        }
+        wgmma_commit();
+        wgmma_wait<0>();
+        fence_regs(d);
+    }
+};
+#endif
+
+/* Whether this build target and tile config run the wgmma engine. */
+template <typename cfg> __host__ __device__ constexpr bool use_wgmma()
+{
+    return FMHA_HAS_WGMMA && cfg::warps % 4 == 0 && cfg::block_m == MMA_M * cfg::warps &&
+           (cfg::head_dim == 64 || cfg::head_dim == 128) && (cfg::block_n == 64 || cfg::block_n == 128);
+}
+
+template <typename T, typename cfg, bool CAUSAL, bool SPLIT>
+__global__ void __launch_bounds__(cfg::warps * 32)
 fwd_mma_kernel(const fmha_fwd_params p)
 {
-    using cfg = mma_config<HEAD_DIM>;
+    constexpr int HEAD_DIM = cfg::head_dim;
     constexpr int BLOCK_M = cfg::block_m, BLOCK_N = cfg::block_n, STAGES = cfg::stages;
     constexpr int THREADS = cfg::warps * 32;
     constexpr int WARP_M = BLOCK_M / cfg::warps;
@@ -229,44 +389,17 @@ fwd_mma_kernel(const fmha_fwd_params p)
         row_sum[mt][0] = row_sum[mt][1] = 0.f;
     }
 
-    /* Each lane's ldmatrix address in the Q tile and in stage 0 of K and V. */
-    const ldsm_lane la = ldsm_A(lane), lb = ldsm_B(lane), lv = ldsm_B_trans(lane);
-    const uint32_t q_addr = smem_addr(s_q + q_tile::offset(warp * WARP_M + la.row, la.chunk));
-    const uint32_t k_addr0 = smem_addr(s_k + kv_tile::offset(lb.row, lb.chunk));
-    const uint32_t v_addr0 = smem_addr(s_v + kv_tile::offset(lv.row, lv.chunk));
+    constexpr bool WGMMA = use_wgmma<cfg>();
+    const tile_math<T, cfg, WGMMA> math(s_q, s_k, s_v, warp, lane);
     for (int n = w.n_begin; n < w.n_end; n++) {
         const int stage = (n - w.n_begin) % STAGES;
-        const uint32_t k_addr = k_addr0 + stage * kv_tile::BYTES;
-        const uint32_t v_addr = v_addr0 + stage * kv_tile::BYTES;
         copy_async_wait<STAGES - 1>();
+        if (WGMMA)
+            fence_proxy_async(); /* cp.async wrote what the async proxy reads next */
         __syncthreads();
 
-        /* S = Q K^T */
         float s[MT][NT][4];
-#pragma unroll
-        for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-            for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-                for (int e = 0; e < 4; e++)
-                    s[mt][nt][e] = 0.f;
-#pragma unroll
-        for (int kd = 0; kd < HEAD_DIM / MMA_K; kd++) {
-            uint32_t a[MT][4];
-#pragma unroll
-            for (int mt = 0; mt < MT; mt++)
-                ldmatrix_x4(a[mt], q_tile::step(q_addr, mt * MMA_M, kd * 2));
-#pragma unroll
-            for (int nt = 0; nt < NT; nt += 2) {
-                uint32_t b[4];
-                ldmatrix_x4(b, kv_tile::step(k_addr, nt * MMA_N, kd * 2));
-#pragma unroll
-                for (int mt = 0; mt < MT; mt++) {
-                    mma_AB<T>(s[mt][nt], a[mt], b);
-                    mma_AB<T>(s[mt][nt + 1], a[mt], b + 2);
-                }
-            }
-        }
+        math.scores(s, stage); /* S = Q K^T */
 
         /* Scale into the log2 domain; mask keys past the end and above the diagonal. */
         const int64_t key0 = (int64_t)n * BLOCK_N;
@@ -318,28 +451,7 @@ fwd_mma_kernel(const fmha_fwd_params p)
                 row_sum[mt][half] += sum;
             }
 
-        /* O += P V, P converted to the A fragment of each 16-key step. */
-#pragma unroll
-        for (int kn = 0; kn < BLOCK_N / MMA_K; kn++) {
-            uint32_t pa[MT][4];
-#pragma unroll
-            for (int mt = 0; mt < MT; mt++) {
-                pa[mt][0] = mma_type<T>::pack(s[mt][2 * kn][0], s[mt][2 * kn][1]);
-                pa[mt][1] = mma_type<T>::pack(s[mt][2 * kn][2], s[mt][2 * kn][3]);
-                pa[mt][2] = mma_type<T>::pack(s[mt][2 * kn + 1][0], s[mt][2 * kn + 1][1]);
-                pa[mt][3] = mma_type<T>::pack(s[mt][2 * kn + 1][2], s[mt][2 * kn + 1][3]);
-            }
-#pragma unroll
-            for (int dt = 0; dt < DT; dt += 2) {
-                uint32_t b[4];
-                ldmatrix_x4_trans(b, kv_tile::step(v_addr, kn * MMA_K, dt));
-#pragma unroll
-                for (int mt = 0; mt < MT; mt++) {
-                    mma_AB<T>(o[mt][dt], pa[mt], b);
-                    mma_AB<T>(o[mt][dt + 1], pa[mt], b + 2);
-                }
-            }
-        }
+        math.accumulate(o, s, stage); /* O += P V */
 
         /* Everyone is done with this stage: refill it with the block STAGES ahead. */
         __syncthreads();
@@ -385,11 +497,10 @@ fwd_mma_kernel(const fmha_fwd_params p)
 }
 
 /* Dynamic shared memory of one CTA of the kernel above. */
-template <int HEAD_DIM> constexpr int fwd_mma_smem_bytes()
+template <typename cfg> constexpr int fwd_mma_smem_bytes()
 {
-    using cfg = mma_config<HEAD_DIM>;
-    return smem_tile<cfg::block_m, HEAD_DIM>::BYTES +
-           2 * cfg::stages * smem_tile<cfg::block_n, HEAD_DIM>::BYTES;
+    return smem_tile<cfg::block_m, cfg::head_dim>::BYTES +
+           2 * cfg::stages * smem_tile<cfg::block_n, cfg::head_dim>::BYTES;
 }
 
 }  // namespace fmha

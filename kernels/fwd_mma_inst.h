@@ -7,6 +7,8 @@
 #include "fwd_mma.h"
 #include "launch.h"
 
+#include <type_traits>
+
 #ifndef FMHA_HEAD_DIM
 #error "define FMHA_HEAD_DIM before including fwd_mma_inst.h"
 #endif
@@ -17,11 +19,22 @@
 namespace fmha {
 namespace {
 
-template <typename T, bool CAUSAL, bool SPLIT> fmha_status launch_variant(const fmha_fwd_params &p)
+/* The rows of the two config tables for this head_dim (exactly one each). */
+#define FMHA_PICK(hd, bm, bn, w, st) \
+    typename std::conditional<hd == FMHA_HEAD_DIM, tile_config<hd, bm, bn, w, st>,
+#define FMHA_CLOSE(hd, bm, bn, w, st) >::type
+using prefill_config = FMHA_GPU_MMA_CONFIGS(FMHA_PICK) void FMHA_GPU_MMA_CONFIGS(FMHA_CLOSE);
+using decode_config = FMHA_GPU_DECODE_CONFIGS(FMHA_PICK) void FMHA_GPU_DECODE_CONFIGS(FMHA_CLOSE);
+#undef FMHA_PICK
+#undef FMHA_CLOSE
+static_assert(!std::is_void<prefill_config>::value && !std::is_void<decode_config>::value,
+              "every head_dim has a prefill and a decode row in fmha_config.h");
+
+template <typename T, typename cfg, bool CAUSAL, bool SPLIT>
+fmha_status launch_variant(const fmha_fwd_params &p)
 {
-    using cfg = mma_config<FMHA_HEAD_DIM>;
-    constexpr int smem = fwd_mma_smem_bytes<FMHA_HEAD_DIM>();
-    auto kernel = fwd_mma_kernel<T, FMHA_HEAD_DIM, CAUSAL, SPLIT>;
+    constexpr int smem = fwd_mma_smem_bytes<cfg>();
+    auto kernel = fwd_mma_kernel<T, cfg, CAUSAL, SPLIT>;
     hipError_t err = hipFuncSetAttribute(reinterpret_cast<const void *>(kernel),
                                          hipFuncAttributeMaxDynamicSharedMemorySize, smem);
     if (err != hipSuccess)
@@ -37,21 +50,26 @@ template <typename T, bool CAUSAL, bool SPLIT> fmha_status launch_variant(const 
     return check_launch("fwd_mma_kernel");
 }
 
-template <typename T> fmha_status launch_dtype(const fmha_fwd_params &p)
+template <typename T, typename cfg> fmha_status launch_tiles(const fmha_fwd_params &p)
 {
+    if (p.block_m != cfg::block_m || p.block_n != cfg::block_n)
+        return FMHA_ERR_INVALID; /* the plan and the compiled tiles disagree */
     bool split = p.num_splits > 1;
     if (p.causal)
-        return split ? launch_variant<T, true, true>(p) : launch_variant<T, true, false>(p);
-    return split ? launch_variant<T, false, true>(p) : launch_variant<T, false, false>(p);
+        return split ? launch_variant<T, cfg, true, true>(p) : launch_variant<T, cfg, true, false>(p);
+    return split ? launch_variant<T, cfg, false, true>(p) : launch_variant<T, cfg, false, false>(p);
+}
+
+template <typename T> fmha_status launch_dtype(const fmha_fwd_params &p)
+{
+    return p.kernel == FMHA_KERNEL_GPU_DECODE ? launch_tiles<T, decode_config>(p)
+                                              : launch_tiles<T, prefill_config>(p);
 }
 
 }  // namespace
 
 fmha_status FMHA_CAT(launch_fwd_mma_d, FMHA_HEAD_DIM)(const fmha_fwd_params &p)
 {
-    if (p.block_m != mma_config<FMHA_HEAD_DIM>::block_m ||
-        p.block_n != mma_config<FMHA_HEAD_DIM>::block_n)
-        return FMHA_ERR_INVALID; /* the plan and the compiled tiles disagree */
     switch (p.dtype) {
     case FMHA_DTYPE_F16: return launch_dtype<fmha_half>(p);
     case FMHA_DTYPE_BF16: return launch_dtype<fmha_bf16>(p);

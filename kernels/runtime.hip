@@ -79,6 +79,7 @@ fmha_status fmha_rt_query_device(int ordinal, fmha_device_info *info)
     info->sm_count = prop.multiProcessorCount;
     info->warp_size = prop.warpSize;
     info->max_smem_per_block = (int)prop.sharedMemPerBlockOptin;
+    info->max_smem_per_sm = (int)prop.sharedMemPerMultiprocessor;
     info->l2_bytes = prop.l2CacheSize;
     snprintf(info->name, sizeof info->name, "%s", prop.name);
 #if FMHA_DEVICE_IS_AMD
