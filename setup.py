@@ -7,6 +7,8 @@ Environment:
   FMHA_CUDA_ARCHS  semicolon list of SM targets, default "80;90a"
   FMHA_HIP_ARCHS   semicolon list of AMD targets, default "gfx90a;gfx942"
   FMHA_NVCC_THREADS parallel kernel compiles (default: CPU count)
+  FMHA_KERNEL_FLAGS extra flags for nvcc/hipcc (tuning experiments, e.g.
+                   -DFMHA_WGMMA_CTAS_PER_SM=1)
 """
 import os
 import shutil
@@ -126,6 +128,7 @@ class FmhaBuildExt(build_ext):
         common = ["-std=c++17", "-O3", "-Xcompiler", "-fPIC", "-Icsrc", "-Ikernels",
                   "-DFMHA_WITH_CUDA=1", "--expt-relaxed-constexpr", "-Werror=all-warnings",
                   "-Xptxas=-warn-spills,-warn-lmem-usage"] + cuda_gencode_flags(archs)
+        common += os.environ.get("FMHA_KERNEL_FLAGS", "").split()
         commands, objects = [], []
         for src in KERNEL_SOURCES:
             obj = os.path.join(build_dir, os.path.basename(src) + ".o")
@@ -162,6 +165,7 @@ class FmhaBuildExt(build_ext):
             raise SystemExit(f"hipcc can target none of FMHA_HIP_ARCHS={archs}")
         common = ["-std=c++17", "-O3", "-fPIC", "-Icsrc", "-Ikernels", "-DFMHA_WITH_HIP=1",
                   "-Wall", "-Werror"] + [f"--offload-arch={a}" for a in usable]
+        common += os.environ.get("FMHA_KERNEL_FLAGS", "").split()
         commands, objects = [], []
         for src in KERNEL_SOURCES:
             obj = os.path.join(build_dir, os.path.basename(src) + ".o")

@@ -184,8 +184,11 @@ def main():
     ap.add_argument("--json")
     ap.add_argument("--plot")
     ap.add_argument("--no-check", action="store_true")
+    ap.add_argument("--only", help="comma list of row indices of the chosen set")
     args = ap.parse_args()
     shapes = {"gpu": GPU_SHAPES, "decode": DECODE_SHAPES, "all": GPU_SHAPES + DECODE_SHAPES}[args.set]
+    if args.only:
+        shapes = [shapes[int(i)] for i in args.only.split(",")]
     rows = []
     for s in shapes:
         rows.append(bench_shape(s, args.reps, not args.no_check))

@@ -18,10 +18,10 @@ if has build; then
     tail -60 "$OUT/build.log"; exit 1
   fi
   echo "build: $(( $(date +%s) - start )) s"
-  python3 -c "import fmha_native as f; print(f.info())"
+  (cd /tmp && python3 -c "import fmha_native as f; print(f.info())")
 fi
 if has sass; then
-  so=$(python3 -c "import fmha_native._C as c; print(c.__file__)")
+  so=$(cd /tmp && python3 -c "import fmha_native._C as c; print(c.__file__)")
   cuobjdump --dump-sass "$so" > "$OUT/sass.txt" 2>&1
   echo "sass: $(grep -c HGMMA "$OUT/sass.txt") HGMMA, $(grep -c HMMA "$OUT/sass.txt") HMMA, $(grep -cE 'LDL|STL' "$OUT/sass.txt") LDL/STL"
 fi

@@ -142,7 +142,7 @@ typedef struct fmha_device_info {
     int max_smem_per_block; /* opt-in limit of one CTA, bytes */
     int max_smem_per_sm;    /* shared memory of one SM, bytes */
     int64_t l2_bytes;
-    char name[128];
+    char name[256];
     char arch[64];          /* "sm_90" or gcnArchName */
 } fmha_device_info;
 

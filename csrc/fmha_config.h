@@ -24,7 +24,7 @@
  *   stages    K/V shared-memory buffers in flight (cp.async pipeline depth)
  */
 #define FMHA_GPU_MMA_CONFIGS(X) \
-    X(64, 128, 64, 8, 2)        \
+    X(64, 128, 128, 8, 2)       \
     X(128, 128, 64, 8, 2)
 
 /*

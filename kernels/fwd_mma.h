@@ -102,6 +102,30 @@ __device__ __forceinline__ void load_tile(T *smem, const T *any_valid, RowPtr ro
     }
 }
 
+/*
+ * The same for rows that are evenly spaced in global memory (K and V): one
+ * running pointer instead of one per copied chunk, and rows at or past
+ * `valid_rows` zero-filled.
+ */
+template <int ROWS, int HEAD_DIM, int THREADS, typename T>
+__device__ __forceinline__ void load_rows(T *smem, const T *first_row, int64_t row_stride,
+                                          int64_t valid_rows)
+{
+    using tile = smem_tile<ROWS, HEAD_DIM>;
+    static_assert(THREADS % tile::CHUNKS == 0, "a pass of the threads copies whole rows");
+    constexpr int ROWS_PER_PASS = THREADS / tile::CHUNKS;
+    static_assert(ROWS % ROWS_PER_PASS == 0, "the passes cover the tile exactly");
+    const int row0 = (int)threadIdx.x / tile::CHUNKS, chunk = (int)threadIdx.x % tile::CHUNKS;
+    const int64_t pass_stride = ROWS_PER_PASS * row_stride;
+    const T *src = first_row + row0 * row_stride + chunk * ELEMS_PER_CHUNK;
+#pragma unroll
+    for (int i = 0; i < ROWS / ROWS_PER_PASS; i++, src += pass_stride) {
+        const int row = row0 + i * ROWS_PER_PASS;
+        const bool valid = row < valid_rows;
+        copy_async_16(smem + tile::offset(row, chunk), valid ? src : first_row, valid);
+    }
+}
+
 /* The work of one CTA: which batch entry, heads, rows, and key blocks. */
 struct cta_work {
     int64_t b;        /* batch entry */
@@ -135,7 +159,9 @@ __device__ __forceinline__ cta_work make_work(const fmha_fwd_params &p)
     int64_t m_blocks = (w.rows + BLOCK_M - 1) / BLOCK_M;
     /* Flattened grid, rows fastest then heads: CTAs that share K/V run together. */
     int64_t id = blockIdx.x;
-    int64_t m_block = id % m_blocks;
+    /* Causal: the last query blocks see the most keys; start them first so the
+     * short ones fill the tail of the grid instead of the long ones. */
+    int64_t m_block = CAUSAL ? m_blocks - 1 - id % m_blocks : id % m_blocks;
     id /= m_blocks;
     w.slot = id % slots;
     id /= slots;
@@ -158,6 +184,42 @@ __device__ __forceinline__ cta_work make_work(const fmha_fwd_params &p)
     w.n_begin = (int)begin;
     w.n_end = (int)(end > begin ? end : begin);
     return w;
+}
+
+/* x clamped to [-1, BLOCK_N]: an offset within a key block as a small int. */
+template <int BLOCK_N> __device__ __forceinline__ int clamp_to_block(int64_t x)
+{
+    return x < -1 ? -1 : x > BLOCK_N ? BLOCK_N : (int)x;
+}
+
+/*
+ * S entries of keys at block offset >= keys_left (past the end) or above a
+ * row's causal limit become -inf.  Offsets are block-relative ints, so the
+ * compares are cheap; lane % 4 holds key columns 2 * (lane % 4) + {0, 1} of
+ * each 8-key tile.
+ */
+template <bool CAUSAL, int MT, int NT>
+__device__ __forceinline__ void mask_block(float (&s)[MT][NT][4], int keys_left,
+                                           const int64_t (&key_limit)[MT][2], int64_t key0, int lane)
+{
+    constexpr int BLOCK_N = NT * MMA_N;
+    int last_visible[MT][2];
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int half = 0; half < 2; half++)
+            last_visible[mt][half] = CAUSAL ? clamp_to_block<BLOCK_N>(key_limit[mt][half] - key0) : BLOCK_N;
+    const int col = (lane % LANES_PER_ROW) * 2;
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int key = nt * MMA_N + col + (e & 1);
+                if (key >= keys_left || key > last_visible[mt][e >> 1])
+                    s[mt][nt][e] = -INFINITY;
+            }
 }
 
 /* P (the C fragments of 8-key tiles 2kn, 2kn+1) as the A fragment of 16-key step kn. */
@@ -311,8 +373,20 @@ template <typename cfg> __host__ __device__ constexpr bool use_wgmma()
            (cfg::head_dim == 64 || cfg::head_dim == 128) && (cfg::block_n == 64 || cfg::block_n == 128);
 }
 
+/*
+ * Two wgmma CTAs per SM let one CTA's softmax overlap the other's matrix
+ * work, so the wgmma build caps registers at half the file per CTA.
+ */
+#ifndef FMHA_WGMMA_CTAS_PER_SM
+#define FMHA_WGMMA_CTAS_PER_SM 1
+#endif
+template <typename cfg> __host__ __device__ constexpr int min_ctas_per_sm()
+{
+    return use_wgmma<cfg>() ? FMHA_WGMMA_CTAS_PER_SM : 1;
+}
+
 template <typename T, typename cfg, bool CAUSAL, bool SPLIT>
-__global__ void __launch_bounds__(cfg::warps * 32)
+__global__ void __launch_bounds__(cfg::warps * 32, min_ctas_per_sm<cfg>())
 fwd_mma_kernel(const fmha_fwd_params p)
 {
     constexpr int HEAD_DIM = cfg::head_dim;
@@ -344,13 +418,11 @@ fwd_mma_kernel(const fmha_fwd_params p)
                w.head_of(row) * p.q_head_stride;
     };
     auto load_kv = [&](int n_block, int stage) {
-        int64_t key0 = (int64_t)n_block * BLOCK_N;
-        load_tile<BLOCK_N, HEAD_DIM, THREADS>(s_k + stage * kv_tile::ELEMS, k, [&](int r) -> const T * {
-            return key0 + r < w.len_k ? k + (key0 + r) * p.k_row_stride : nullptr;
-        });
-        load_tile<BLOCK_N, HEAD_DIM, THREADS>(s_v + stage * kv_tile::ELEMS, v, [&](int r) -> const T * {
-            return key0 + r < w.len_k ? v + (key0 + r) * p.v_row_stride : nullptr;
-        });
+        const int64_t key0 = (int64_t)n_block * BLOCK_N;
+        load_rows<BLOCK_N, HEAD_DIM, THREADS>(s_k + stage * kv_tile::ELEMS, k + key0 * p.k_row_stride,
+                                              p.k_row_stride, w.len_k - key0);
+        load_rows<BLOCK_N, HEAD_DIM, THREADS>(s_v + stage * kv_tile::ELEMS, v + key0 * p.v_row_stride,
+                                              p.v_row_stride, w.len_k - key0);
     };
 
     /* Prologue: Q with the first K/V block, then the next stages, one commit group each. */
@@ -401,23 +473,20 @@ fwd_mma_kernel(const fmha_fwd_params p)
         float s[MT][NT][4];
         math.scores(s, stage); /* S = Q K^T */
 
-        /* Scale into the log2 domain; mask keys past the end and above the diagonal. */
-        const int64_t key0 = (int64_t)n * BLOCK_N;
-        const bool need_mask = key0 + BLOCK_N > mask_free_end;
+        /* Scale into the log2 domain. */
 #pragma unroll
         for (int mt = 0; mt < MT; mt++)
 #pragma unroll
             for (int nt = 0; nt < NT; nt++)
 #pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    float x = s[mt][nt][e] * p.scale_log2;
-                    if (need_mask) {
-                        int64_t key = key0 + nt * MMA_N + (lane % 4) * 2 + (e & 1);
-                        bool hidden = key >= w.len_k || (CAUSAL && key > key_limit[mt][e >> 1]);
-                        x = hidden ? -INFINITY : x;
-                    }
-                    s[mt][nt][e] = x;
-                }
+                for (int e = 0; e < 4; e++)
+                    s[mt][nt][e] *= p.scale_log2;
+
+        /* Mask keys past the end and above the diagonal: only the last and the
+         * diagonal blocks need it, so one uniform branch skips it elsewhere. */
+        const int64_t key0 = (int64_t)n * BLOCK_N;
+        if (key0 + BLOCK_N > mask_free_end)
+            mask_block<CAUSAL>(s, clamp_to_block<BLOCK_N>(w.len_k - key0), key_limit, key0, lane);
 
         /* Online softmax: new running max, rescale what is accumulated, P = exp2(S - m). */
 #pragma unroll
