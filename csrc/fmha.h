@@ -132,6 +132,9 @@ typedef struct fmha_combine_params {
     int num_threads;
 } fmha_combine_params;
 
+/* Rows of each GPU tile table (fmha_config.h) that device info can describe. */
+#define FMHA_GPU_MAX_CONFIGS 8
+
 /* What a GPU is, read once per device at run time and cached by the host glue. */
 typedef struct fmha_device_info {
     int ordinal;
@@ -144,6 +147,9 @@ typedef struct fmha_device_info {
     int64_t l2_bytes;
     char name[256];
     char arch[64];          /* "sm_90" or gcnArchName */
+    /* Resident CTAs per SM of the compiled producer, [0] prefill / [1] decode
+     * tiles, indexed by the row of the tile table (0 = unknown). */
+    int ctas_per_sm[2][FMHA_GPU_MAX_CONFIGS];
 } fmha_device_info;
 
 /* One requirement of a backend's capability gate. */

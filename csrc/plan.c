@@ -146,11 +146,13 @@ typedef struct gpu_tiles {
     int block_m, block_n, warps, stages;
 } gpu_tiles;
 
-/* The GPU kernels are instantiated for the head_dims of these tables. */
-static int gpu_mma_config(int64_t head_dim, gpu_tiles *t)
+/* The GPU kernels are instantiated for the head_dims of these tables; the
+ * row index also indexes fmha_device_info.ctas_per_sm. */
+static int gpu_mma_config(int64_t head_dim, gpu_tiles *t, int *row)
 {
+    int r = 0;
 #define FMHA_MATCH(hd, bm, bn, w, st) \
-    if (head_dim == (hd)) { *t = (gpu_tiles){bm, bn, w, st}; return 1; }
+    if (head_dim == (hd)) { *t = (gpu_tiles){bm, bn, w, st}; *row = r; return 1; } r++;
     FMHA_GPU_MMA_CONFIGS(FMHA_MATCH)
 #undef FMHA_MATCH
     return 0;
@@ -210,9 +212,13 @@ static int gpu_rows_aligned(const fmha_fwd_params *p)
     return 1;
 }
 
-/* Resident CTAs per SM of the tensor-core kernel, as its shared memory allows. */
-static int gpu_ctas_per_sm(const fmha_device_info *dev, int64_t head_dim, const gpu_tiles *t)
+/* Resident CTAs per SM of the tensor-core kernel: measured by the runtime
+ * (registers and shared memory) when known, else as its shared memory allows. */
+static int gpu_ctas_per_sm(const fmha_device_info *dev, int decode, int row, int64_t head_dim,
+                           const gpu_tiles *t)
 {
+    if (row < FMHA_GPU_MAX_CONFIGS && dev->ctas_per_sm[decode][row] > 0)
+        return dev->ctas_per_sm[decode][row];
     /* Q tile + `stages` K and V tiles, 2-byte elements. */
     int64_t smem = (int64_t)(t->block_m + 2 * t->stages * t->block_n) * head_dim * 2;
     int64_t per_sm = dev->max_smem_per_sm > 0 ? dev->max_smem_per_sm : dev->max_smem_per_block;
@@ -246,7 +252,8 @@ static void plan_gpu(const fmha_fwd_params *p, const fmha_target *t, int request
              dtype_name(p->dtype), dt_ok ? "supported" : "not supported");
 
     gpu_tiles tiles_mma = {0, 0, 0, 0};
-    int hd_ok = gpu_mma_config(p->head_dim, &tiles_mma);
+    int config_row = 0;
+    int hd_ok = gpu_mma_config(p->head_dim, &tiles_mma, &config_row);
     char dims[64];
     gpu_head_dims(dims, sizeof dims);
     gate_add(plan, "head_dim", hd_ok, "head_dim %lld %s {%s}", (long long)p->head_dim,
@@ -282,7 +289,8 @@ static void plan_gpu(const fmha_fwd_params *p, const fmha_target *t, int request
     int64_t key_blocks = fmha_num_key_blocks(p, tiles.block_n);
     int64_t row_tiles = ceil_div(tile_rows(p, plan->pack_gqa), tiles.block_m);
     int64_t n_tiles = p->batch * (plan->pack_gqa ? p->heads_kv : p->heads_q) * row_tiles;
-    int64_t slots = (int64_t)dev->sm_count * gpu_ctas_per_sm(dev, p->head_dim, &tiles);
+    int64_t slots = (int64_t)dev->sm_count *
+                    gpu_ctas_per_sm(dev, decode, config_row, p->head_dim, &tiles);
     char why[160];
     if (requested > 0) {
         plan->num_splits = clamp_forced_splits(requested, key_blocks);

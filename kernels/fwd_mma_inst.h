@@ -30,13 +30,32 @@ using decode_config = FMHA_GPU_DECODE_CONFIGS(FMHA_PICK) void FMHA_GPU_DECODE_CO
 static_assert(!std::is_void<prefill_config>::value && !std::is_void<decode_config>::value,
               "every head_dim has a prefill and a decode row in fmha_config.h");
 
+/* Allow the kernel its dynamic shared memory (above the 48 KB default). */
+template <typename Kernel> hipError_t allow_smem(Kernel kernel, int smem)
+{
+    return hipFuncSetAttribute(reinterpret_cast<const void *>(kernel),
+                               hipFuncAttributeMaxDynamicSharedMemorySize, smem);
+}
+
+template <typename cfg> int occupancy()
+{
+    constexpr int smem = fwd_mma_smem_bytes<cfg>();
+    auto kernel = fwd_mma_kernel<fmha_bf16, cfg, false, true>;
+    int ctas = 0;
+    if (allow_smem(kernel, smem) != hipSuccess ||
+        hipOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, kernel, cfg::warps * 32, smem) != hipSuccess) {
+        (void)hipGetLastError();
+        return 0;
+    }
+    return ctas;
+}
+
 template <typename T, typename cfg, bool CAUSAL, bool SPLIT>
 fmha_status launch_variant(const fmha_fwd_params &p)
 {
     constexpr int smem = fwd_mma_smem_bytes<cfg>();
     auto kernel = fwd_mma_kernel<T, cfg, CAUSAL, SPLIT>;
-    hipError_t err = hipFuncSetAttribute(reinterpret_cast<const void *>(kernel),
-                                         hipFuncAttributeMaxDynamicSharedMemorySize, smem);
+    hipError_t err = allow_smem(kernel, smem);
     if (err != hipSuccess)
         return record_error("hipFuncSetAttribute(max dynamic shared memory)", err);
     int64_t rows = p.pack_gqa ? p.seqlen_q * (p.heads_q / p.heads_kv) : p.seqlen_q;
@@ -67,6 +86,11 @@ template <typename T> fmha_status launch_dtype(const fmha_fwd_params &p)
 }
 
 }  // namespace
+
+int FMHA_CAT(occupancy_fwd_mma_d, FMHA_HEAD_DIM)(bool decode)
+{
+    return decode ? occupancy<decode_config>() : occupancy<prefill_config>();
+}
 
 fmha_status FMHA_CAT(launch_fwd_mma_d, FMHA_HEAD_DIM)(const fmha_fwd_params &p)
 {

@@ -45,7 +45,14 @@ typedef cudaDeviceProp hipDeviceProp_t;
 #define hipGetDevice cudaGetDevice
 #define hipSetDevice cudaSetDevice
 #define hipGetDeviceProperties cudaGetDeviceProperties
-#define hipMallocAsync cudaMallocAsync
+typedef cudaMemPool_t hipMemPool_t;
+typedef cudaMemPoolProps hipMemPoolProps;
+#define hipMemPoolCreate cudaMemPoolCreate
+#define hipMemPoolSetAttribute cudaMemPoolSetAttribute
+#define hipMemPoolAttrReleaseThreshold cudaMemPoolAttrReleaseThreshold
+#define hipMemAllocationTypePinned cudaMemAllocationTypePinned
+#define hipMemLocationTypeDevice cudaMemLocationTypeDevice
+#define hipMallocFromPoolAsync cudaMallocFromPoolAsync
 #define hipFreeAsync cudaFreeAsync
 #define hipMemcpyAsync cudaMemcpyAsync
 typedef cudaMemcpyKind hipMemcpyKind;
@@ -54,6 +61,7 @@ typedef cudaMemcpyKind hipMemcpyKind;
 #define hipMemcpyDeviceToDevice cudaMemcpyDeviceToDevice
 #define hipStreamSynchronize cudaStreamSynchronize
 #define hipFuncSetAttribute cudaFuncSetAttribute
+#define hipOccupancyMaxActiveBlocksPerMultiprocessor cudaOccupancyMaxActiveBlocksPerMultiprocessor
 #define hipFuncAttributeMaxDynamicSharedMemorySize cudaFuncAttributeMaxDynamicSharedMemorySize
 
 #endif

@@ -7,11 +7,22 @@
 #include "hip_compat.h"
 #include "launch.h"
 
+#include <mutex>
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 
 namespace {
 thread_local char g_error[256];
+
+/*
+ * One stream-ordered memory pool per device for split scratch and staging.
+ * The default pool returns its memory at every synchronisation (release
+ * threshold 0), so each call would map the scratch again; ours keeps it.
+ */
+constexpr int MAX_DEVICES = 64;
+std::mutex g_pool_lock;
+hipMemPool_t g_pools[MAX_DEVICES];
 }  // namespace
 
 namespace fmha {
@@ -89,18 +100,55 @@ fmha_status fmha_rt_query_device(int ordinal, fmha_device_info *info)
     info->cc_minor = prop.minor;
     snprintf(info->arch, sizeof info->arch, "sm_%d%d", prop.major, prop.minor);
 #endif
+    fmha_status st = use_device(ordinal);
+    if (st != FMHA_OK)
+        return st;
+    int row = 0;
+#define FMHA_OCCUPANCY(hd, bm, bn, w, s)                                         \
+    if (row < FMHA_GPU_MAX_CONFIGS) {                                         \
+        info->ctas_per_sm[0][row] = fmha::occupancy_fwd_mma_d##hd(false);    \
+        info->ctas_per_sm[1][row] = fmha::occupancy_fwd_mma_d##hd(true);     \
+    }                                                                         \
+    row++;
+    FMHA_GPU_MMA_CONFIGS(FMHA_OCCUPANCY)
+#undef FMHA_OCCUPANCY
+    return FMHA_OK;
+}
+
+static fmha_status device_pool(int device, hipMemPool_t *pool)
+{
+    if (device < 0 || device >= MAX_DEVICES)
+        return fmha::record_error("device ordinal out of range for the memory pool", hipSuccess);
+    std::lock_guard<std::mutex> guard(g_pool_lock);
+    if (!g_pools[device]) {
+        hipMemPoolProps props = {};
+        props.allocType = hipMemAllocationTypePinned;
+        props.location.type = hipMemLocationTypeDevice;
+        props.location.id = device;
+        hipError_t err = hipMemPoolCreate(&g_pools[device], &props);
+        if (err != hipSuccess)
+            return fail("hipMemPoolCreate", err);
+        uint64_t keep = UINT64_MAX;
+        err = hipMemPoolSetAttribute(g_pools[device], hipMemPoolAttrReleaseThreshold, &keep);
+        if (err != hipSuccess)
+            return fail("hipMemPoolSetAttribute(release threshold)", err);
+    }
+    *pool = g_pools[device];
     return FMHA_OK;
 }
 
 fmha_status fmha_rt_malloc(int device, void *stream, size_t bytes, void **ptr)
 {
     fmha_status st = use_device(device);
+    hipMemPool_t pool = nullptr;
+    if (st == FMHA_OK)
+        st = device_pool(device, &pool);
     if (st != FMHA_OK)
         return st;
-    hipError_t err = hipMallocAsync(ptr, bytes, (hipStream_t)stream);
+    hipError_t err = hipMallocFromPoolAsync(ptr, bytes, pool, (hipStream_t)stream);
     if (err != hipSuccess) {
         (void)hipGetLastError();
-        snprintf(g_error, sizeof g_error, "hipMallocAsync(%zu bytes): %s", bytes,
+        snprintf(g_error, sizeof g_error, "hipMallocFromPoolAsync(%zu bytes): %s", bytes,
                  hipGetErrorString(err));
         return FMHA_ERR_NOMEM;
     }

@@ -1,0 +1,696 @@
+/*
+ * cpu_fwd.c: the CPU backend.
+ *
+ * Owns fmha_cpu_fwd (split-K flash attention forward, the same plan shape as
+ * the GPU: producers over key-block ranges, then a combine), fmha_cpu_combine
+ * (the one implementation of the combine math, also used by fmha_cpu_fwd for
+ * its splits), the run-time choice of SIMD kernels, and the KV-cache append.
+ *
+ * Work decomposition.  A "unit" is one query head, or, when the heads_q /
+ * heads_kv query heads of a kv head are packed, one kv head whose rows are
+ * (query row, head in group) pairs.  A work item is (batch, unit, chunk of
+ * rows, split); its rows are cut into tiles of kern->tile_rows rows that live
+ * in the vector lanes (cpu_simd.h).  The item walks its split's key blocks
+ * once, converting each K/V block to fp32 once for all its tiles, and runs
+ * S = Q K^T, mask, online softmax and O += P V per tile.
+ *
+ * Determinism.  Each output row is written by exactly one item and computed
+ * by the same operation sequence whatever tile, chunk, packing or thread it
+ * lands in: the key-block boundaries are fixed by block_n and the split, a
+ * key block that a tile skips (fully masked) would have left that row's state
+ * bit-for-bit unchanged, and lanes never mix.  Splits are merged in split
+ * order.  So the bits depend on (problem, num_splits, block_n, ISA) only.
+ */
+/* posix_memalign */
+#define _POSIX_C_SOURCE 200809L
+
+#include "fmha.h"
+#include "fmha_config.h"
+#include "cpu_pool.h"
+
+#include <math.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define FMHA_ISA FMHA_ISA_SCALAR
+#include "cpu_simd.h"
+
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+#define FMHA_CPU_X86 1
+#define FMHA_ISA FMHA_ISA_AVX2
+#include "cpu_simd.h"
+#define FMHA_ISA FMHA_ISA_AVX512
+#include "cpu_simd.h"
+#else
+#define FMHA_CPU_X86 0
+#endif
+
+/* ln(2): the kernels work in the log2 domain, LSE is reported in natural log. */
+#define FMHA_LN2 0.693147180559945309417232121458176568
+/* Work items a worker should get at least, so dynamic scheduling can balance them. */
+#define FMHA_CPU_ITEMS_PER_WORKER 8
+/*
+ * Tiles of one item share each converted K/V block (and its trip through the
+ * cache): as many as keep their Q and O tiles within FMHA_CPU_CHUNK_BYTES (half
+ * of a typical 512 KiB L2; measured best against 64 KiB to 512 KiB), at most
+ * FMHA_CPU_MAX_CHUNK_TILES.
+ */
+#define FMHA_CPU_MAX_CHUNK_TILES 16
+#define FMHA_CPU_CHUNK_BYTES (256 * 1024)
+/* Largest key block the workspace is sized for (the planner uses FMHA_CPU_BLOCK_N). */
+#define FMHA_CPU_MAX_BLOCK_N 1024
+/* Workspace arrays start on cache-line boundaries. */
+#define FMHA_CPU_ALIGN 64
+#define FMHA_CPU_LINE_FLOATS (FMHA_CPU_ALIGN / (int)sizeof(float))
+/* Rows one combine work item merges. */
+#define FMHA_CPU_COMBINE_ROWS 64
+/* Features the combine accumulates at a time (any head_dim is done in pieces). */
+#define FMHA_CPU_COMBINE_CHUNK 256
+
+/* ------------------------------------------------------------------ */
+/* SIMD choice                                                          */
+/* ------------------------------------------------------------------ */
+
+static _Atomic(const fmha_cpu_kernels *) g_kernels;
+
+/* FMHA_CPU_SIMD=scalar|avx2|avx512 can lower the choice (tests, A/B timing); never raise it. */
+static int isa_env_cap(void)
+{
+    const char *env = getenv("FMHA_CPU_SIMD");
+    if (!env)
+        return FMHA_ISA_AVX512;
+    if (strcmp(env, "scalar") == 0)
+        return FMHA_ISA_SCALAR;
+    if (strcmp(env, "avx2") == 0)
+        return FMHA_ISA_AVX2;
+    return FMHA_ISA_AVX512;
+}
+
+static const fmha_cpu_kernels *select_kernels(void)
+{
+    const fmha_cpu_kernels *k = atomic_load_explicit(&g_kernels, memory_order_acquire);
+    if (k)
+        return k;
+    int cap = isa_env_cap();
+    k = &fmha_cpu_kernels_scalar;
+#if FMHA_CPU_X86
+    __builtin_cpu_init();
+    int has_avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                   __builtin_cpu_supports("f16c");
+    if (cap >= FMHA_ISA_AVX2 && has_avx2)
+        k = &fmha_cpu_kernels_avx2;
+    if (cap >= FMHA_ISA_AVX512 && has_avx2 && __builtin_cpu_supports("avx512f"))
+        k = &fmha_cpu_kernels_avx512;
+#else
+    (void)cap;
+#endif
+    /* Every thread that races here computes the same answer. */
+    atomic_store_explicit(&g_kernels, k, memory_order_release);
+    return k;
+}
+
+const char *fmha_cpu_simd_name(void) { return select_kernels()->name; }
+
+int fmha_cpu_num_threads(void) { return fmha_pool_size(); }
+
+/* ------------------------------------------------------------------ */
+/* Element conversions (scalar; the vector widen is in cpu_simd.h)      */
+/* ------------------------------------------------------------------ */
+
+#define FMHA_F32_SIGN 0x80000000u
+#define FMHA_F32_ABS_MASK 0x7fffffffu
+#define FMHA_F16_INF 0x7c00u
+#define FMHA_F16_QUIET 0x0200u
+#define FMHA_BF16_QUIET 0x0040u
+/* |x| at or above this rounds to f16 infinity: 65520, halfway between 65504 and 2^16. */
+#define FMHA_F16_OVERFLOW_BITS 0x477ff000u
+/* |x| below this (2^-14) is an f16 subnormal. */
+#define FMHA_F16_MIN_NORMAL_BITS 0x38800000u
+/* Re-biasing an fp32 exponent to f16's, in fp32 bit position. */
+#define FMHA_F16_REBIAS (((uint32_t)(FMHA_F32_EXP_BIAS - FMHA_F16_EXP_BIAS)) << FMHA_F32_MANT_BITS)
+/* Mantissa bits an f16 drops from an fp32, and the round-half-to-even increment below them. */
+#define FMHA_F16_DROP_BITS (FMHA_F32_MANT_BITS - FMHA_F16_MANT_BITS)
+#define FMHA_F16_HALF_ULP_M1 0x0fffu
+#define FMHA_BF16_HALF_ULP_M1 0x7fffu
+/* Adding 0.5 makes the FPU round a subnormal-range f16 magnitude to a multiple of 2^-24. */
+#define FMHA_F16_SUBNORMAL_MAGIC 0.5f
+#define FMHA_F16_SUBNORMAL_MAGIC_BITS 0x3f000000u
+
+static uint16_t f32_to_f16(float f)
+{
+    uint32_t x = fmha_f32_to_bits(f);
+    uint16_t sign = (uint16_t)((x & FMHA_F32_SIGN) >> FMHA_BF16_SHIFT);
+    uint32_t ax = x & FMHA_F32_ABS_MASK;
+    if (ax > FMHA_F32_INF_BITS)
+        return (uint16_t)(sign | FMHA_F16_INF | FMHA_F16_QUIET |
+                          ((ax >> FMHA_F16_DROP_BITS) & FMHA_F16_MANT_MASK));
+    if (ax >= FMHA_F16_OVERFLOW_BITS)
+        return (uint16_t)(sign | FMHA_F16_INF);
+    if (ax < FMHA_F16_MIN_NORMAL_BITS) {
+        float mag = fmha_bits_to_f32(ax) + FMHA_F16_SUBNORMAL_MAGIC;
+        return (uint16_t)(sign | (fmha_f32_to_bits(mag) - FMHA_F16_SUBNORMAL_MAGIC_BITS));
+    }
+    uint32_t odd = (ax >> FMHA_F16_DROP_BITS) & 1u;
+    return (uint16_t)(sign | ((ax - FMHA_F16_REBIAS + FMHA_F16_HALF_ULP_M1 + odd) >>
+                              FMHA_F16_DROP_BITS));
+}
+
+static uint16_t f32_to_bf16(float f)
+{
+    uint32_t x = fmha_f32_to_bits(f);
+    if ((x & FMHA_F32_ABS_MASK) > FMHA_F32_INF_BITS)
+        return (uint16_t)((x >> FMHA_BF16_SHIFT) | FMHA_BF16_QUIET);
+    uint32_t odd = (x >> FMHA_BF16_SHIFT) & 1u;
+    return (uint16_t)((x + FMHA_BF16_HALF_ULP_M1 + odd) >> FMHA_BF16_SHIFT);
+}
+
+static size_t dtype_size(fmha_dtype dt)
+{
+    return dt == FMHA_DTYPE_F32 ? sizeof(float) : sizeof(uint16_t);
+}
+
+static int dtype_valid(fmha_dtype dt)
+{
+    return dt == FMHA_DTYPE_F16 || dt == FMHA_DTYPE_BF16 || dt == FMHA_DTYPE_F32;
+}
+
+static float load_elem(const void *base, int64_t idx, fmha_dtype dt)
+{
+    switch (dt) {
+    case FMHA_DTYPE_F16: return fmha_f16_to_f32(((const uint16_t *)base)[idx]);
+    case FMHA_DTYPE_BF16: return fmha_bf16_to_f32(((const uint16_t *)base)[idx]);
+    case FMHA_DTYPE_F32: break;
+    }
+    return ((const float *)base)[idx];
+}
+
+static void store_elem(void *base, int64_t idx, fmha_dtype dt, float v)
+{
+    switch (dt) {
+    case FMHA_DTYPE_F16: ((uint16_t *)base)[idx] = f32_to_f16(v); return;
+    case FMHA_DTYPE_BF16: ((uint16_t *)base)[idx] = f32_to_bf16(v); return;
+    case FMHA_DTYPE_F32: break;
+    }
+    ((float *)base)[idx] = v;
+}
+
+static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+static int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
+
+/* ------------------------------------------------------------------ */
+/* Combine: the one implementation of the split merge                   */
+/* ------------------------------------------------------------------ */
+
+typedef struct combine_job {
+    const fmha_combine_params *c;
+    int64_t rows; /* batch * seqlen_q * heads */
+} combine_job;
+
+/*
+ * out = sum_g w_g o_g with w_g = exp(lse_g - lse_max) / sum_g' exp(lse_g' - lse_max),
+ * lse = lse_max + log(sum), in split order.  Splits with lse = -inf add
+ * nothing; all -inf gives (0, -inf); a NaN lse makes the row NaN.
+ */
+static void combine_row(const fmha_combine_params *c, int64_t b, int64_t i, int64_t h)
+{
+    const float *lp = c->lse_partial + b * c->lp_batch_stride + h * c->lp_head_stride +
+                      i * c->lp_row_stride;
+    int64_t out_off = b * c->o_batch_stride + i * c->o_row_stride + h * c->o_head_stride;
+    int64_t op_off = b * c->op_batch_stride + i * c->op_row_stride + h * c->op_head_stride;
+    double lse_max = -INFINITY;
+    int has_nan = 0;
+    for (int64_t g = 0; g < c->num_splits; g++) {
+        double x = lp[g * c->lp_split_stride];
+        if (x != x)
+            has_nan = 1;
+        else if (x > lse_max)
+            lse_max = x;
+    }
+    float lse;
+    if (has_nan || lse_max == -INFINITY) {
+        float fill = has_nan ? NAN : 0.0f;
+        for (int64_t d = 0; d < c->head_dim; d++)
+            store_elem(c->out, out_off + d, c->out_dtype, fill);
+        lse = has_nan ? NAN : -INFINITY;
+    } else {
+        double sum = 0.0;
+        for (int64_t g = 0; g < c->num_splits; g++) {
+            double x = lp[g * c->lp_split_stride];
+            if (x != -INFINITY)
+                sum += exp(x - lse_max);
+        }
+        float acc[FMHA_CPU_COMBINE_CHUNK];
+        for (int64_t d0 = 0; d0 < c->head_dim; d0 += FMHA_CPU_COMBINE_CHUNK) {
+            int64_t nd = min64(FMHA_CPU_COMBINE_CHUNK, c->head_dim - d0);
+            for (int64_t d = 0; d < nd; d++)
+                acc[d] = 0.0f;
+            for (int64_t g = 0; g < c->num_splits; g++) {
+                double x = lp[g * c->lp_split_stride];
+                if (x == -INFINITY)
+                    continue;
+                float w = (float)(exp(x - lse_max) / sum);
+                int64_t base = op_off + g * c->op_split_stride + d0;
+                for (int64_t d = 0; d < nd; d++)
+                    acc[d] += w * load_elem(c->o_partial, base + d, c->in_dtype);
+            }
+            for (int64_t d = 0; d < nd; d++)
+                store_elem(c->out, out_off + d0 + d, c->out_dtype, acc[d]);
+        }
+        lse = (float)(lse_max + log(sum));
+    }
+    if (c->lse)
+        c->lse[b * c->lse_batch_stride + h * c->lse_head_stride + i * c->lse_row_stride] = lse;
+}
+
+static void combine_item(void *ctx, int64_t item, int worker)
+{
+    (void)worker;
+    const combine_job *job = (const combine_job *)ctx;
+    const fmha_combine_params *c = job->c;
+    int64_t end = min64((item + 1) * FMHA_CPU_COMBINE_ROWS, job->rows);
+    for (int64_t row = item * FMHA_CPU_COMBINE_ROWS; row < end; row++) {
+        int64_t h = row % c->heads;
+        int64_t bi = row / c->heads;
+        combine_row(c, bi / c->seqlen_q, bi % c->seqlen_q, h);
+    }
+}
+
+static void combine_run(const fmha_combine_params *c)
+{
+    combine_job job = {c, c->batch * c->seqlen_q * c->heads};
+    if (job.rows == 0)
+        return;
+    int64_t items = ceil_div(job.rows, FMHA_CPU_COMBINE_ROWS);
+    fmha_pool_run(items, fmha_pool_workers(c->num_threads, items), combine_item, &job);
+}
+
+fmha_status fmha_cpu_combine(const fmha_combine_params *c)
+{
+    if (!c || c->num_splits < 0 || c->batch < 0 || c->seqlen_q < 0 || c->heads < 0 ||
+        c->head_dim < 0 || !dtype_valid(c->in_dtype) || !dtype_valid(c->out_dtype))
+        return FMHA_ERR_INVALID;
+    int64_t rows = c->batch * c->seqlen_q * c->heads;
+    if (rows == 0)
+        return FMHA_OK;
+    if (c->head_dim > 0 && !c->out)
+        return FMHA_ERR_INVALID;
+    if (c->num_splits > 0 && (!c->lse_partial || (c->head_dim > 0 && !c->o_partial)))
+        return FMHA_ERR_INVALID;
+    combine_run(c);
+    return FMHA_OK;
+}
+
+/* ------------------------------------------------------------------ */
+/* Forward                                                              */
+/* ------------------------------------------------------------------ */
+
+typedef struct fwd_job {
+    const fmha_fwd_params *p;
+    const fmha_cpu_kernels *kern;
+    int64_t group;       /* query heads per kv head */
+    int64_t pack;        /* query heads per packed row group: group when packed, else 1 */
+    int64_t units;       /* heads_kv when packed, else heads_q */
+    int64_t unit_rows;   /* rows of one (batch, unit): seqlen_q * pack */
+    int64_t chunk_tiles; /* tiles per work item */
+    int64_t chunks;      /* work items per (batch, unit, split) */
+    int64_t splits;
+    int64_t kv_ld;       /* floats between rows of the fp32 K/V blocks */
+    float *o_accum;      /* split partials, NULL when num_splits == 1 */
+    float *lse_accum;
+    unsigned char *ws;   /* per-worker workspace, ws_bytes each */
+    size_t ws_bytes;
+} fwd_job;
+
+/* One worker's scratch, carved from its slice of fwd_job.ws. */
+typedef struct fwd_scratch {
+    float *qt;       /* [chunk_tiles][head_dim][tile_rows] Q * scale_log2, transposed */
+    float *ot;       /* [chunk_tiles][head_dim][tile_rows] O accumulator, transposed */
+    float *m, *l;    /* [chunk_tiles][tile_rows] running max (log2 domain) and sum */
+    float *alpha;    /* [tile_rows] rescale of the current step */
+    float *limit;    /* [tile_rows] causal limit relative to the current key block */
+    float *st;       /* [block_n][tile_rows] scores, then probabilities */
+    float *kbuf;     /* [block_n][kv_ld] K block in fp32 */
+    float *vbuf;     /* [block_n][kv_ld] V block in fp32 */
+    float *rows;     /* [tile_rows][head_dim] a tile's rows in fp32, on their way in or out */
+    int64_t *lim;    /* [chunk_tiles][tile_rows] last key each row sees */
+    int64_t *lim_lo; /* [chunk_tiles] smallest / largest lim of the tile's rows */
+    int64_t *lim_hi;
+} fwd_scratch;
+
+static size_t align_up(size_t n) { return (n + FMHA_CPU_ALIGN - 1) / FMHA_CPU_ALIGN * FMHA_CPU_ALIGN; }
+
+/* Lays out (base != NULL) or measures (base == NULL) one worker's scratch; returns its size. */
+static size_t scratch_layout(const fwd_job *job, unsigned char *base, fwd_scratch *s)
+{
+    size_t tr = (size_t)job->kern->tile_rows;
+    size_t ct = (size_t)job->chunk_tiles;
+    size_t hd = (size_t)job->p->head_dim;
+    size_t bn = (size_t)job->p->block_n;
+    size_t off = 0;
+#define FMHA_CARVE(field, type, count)                                     \
+    do {                                                                   \
+        if (base)                                                          \
+            s->field = (type *)(void *)(base + off);                       \
+        off += align_up((count) * sizeof(type));                           \
+    } while (0)
+    FMHA_CARVE(qt, float, ct * hd * tr);
+    FMHA_CARVE(ot, float, ct * hd * tr);
+    FMHA_CARVE(m, float, ct * tr);
+    FMHA_CARVE(l, float, ct * tr);
+    FMHA_CARVE(alpha, float, tr);
+    FMHA_CARVE(limit, float, tr);
+    FMHA_CARVE(st, float, bn * tr);
+    FMHA_CARVE(kbuf, float, bn * (size_t)job->kv_ld);
+    FMHA_CARVE(vbuf, float, bn * (size_t)job->kv_ld);
+    FMHA_CARVE(rows, float, tr * hd);
+    FMHA_CARVE(lim, int64_t, ct * tr);
+    FMHA_CARVE(lim_lo, int64_t, ct);
+    FMHA_CARVE(lim_hi, int64_t, ct);
+#undef FMHA_CARVE
+    return off;
+}
+
+/* Keys batch entry b attends over. */
+static int64_t key_len(const fmha_fwd_params *p, int64_t b)
+{
+    return p->seqlens_k ? (int64_t)p->seqlens_k[b] + p->seqlen_new : p->seqlen_k;
+}
+
+/* Final state of one row (its normalised fp32 values): out/lse, or the split's fp32 partial. */
+static void write_row(const fwd_job *job, const float *vals, float m, float l, int64_t b,
+                      int64_t i, int64_t h, int64_t split)
+{
+    const fmha_fwd_params *p = job->p;
+    size_t row_bytes = (size_t)p->head_dim * sizeof(float);
+    /* A row that saw no key is (0, -inf), never 0/0. */
+    float lse = l == 0.0f ? -INFINITY : (float)((double)m * FMHA_LN2 + log((double)l));
+    if (job->o_accum) {
+        int64_t row = (split * p->batch + b) * p->seqlen_q + i;
+        memcpy(job->o_accum + (row * p->heads_q + h) * p->head_dim, vals, row_bytes);
+        job->lse_accum[((split * p->batch + b) * p->heads_q + h) * p->seqlen_q + i] = lse;
+        return;
+    }
+    int64_t off = b * p->o_batch_stride + i * p->o_row_stride + h * p->o_head_stride;
+    switch (p->dtype) {
+    case FMHA_DTYPE_F32:
+        memcpy((float *)p->out + off, vals, row_bytes);
+        break;
+    case FMHA_DTYPE_F16:
+        for (int64_t d = 0; d < p->head_dim; d++)
+            ((uint16_t *)p->out)[off + d] = f32_to_f16(vals[d]);
+        break;
+    case FMHA_DTYPE_BF16:
+        for (int64_t d = 0; d < p->head_dim; d++)
+            ((uint16_t *)p->out)[off + d] = f32_to_bf16(vals[d]);
+        break;
+    }
+    if (p->lse)
+        p->lse[b * p->lse_batch_stride + h * p->lse_head_stride + i * p->lse_row_stride] = lse;
+}
+
+static void fwd_item(void *ctx, int64_t item, int worker)
+{
+    const fwd_job *job = (const fwd_job *)ctx;
+    const fmha_fwd_params *p = job->p;
+    const fmha_cpu_kernels *kern = job->kern;
+    const int64_t tr = kern->tile_rows;
+    const int64_t hd = p->head_dim;
+    const int64_t bn = p->block_n;
+    fwd_scratch s;
+    scratch_layout(job, job->ws + (size_t)worker * job->ws_bytes, &s);
+
+    /* Items run from the last chunk (most keys under a causal mask) to the first. */
+    int64_t split = item % job->splits;
+    item /= job->splits;
+    int64_t unit = item % job->units;
+    item /= job->units;
+    int64_t b = item % p->batch;
+    int64_t chunk = job->chunks - 1 - item / p->batch;
+
+    int64_t len = key_len(p, b);
+    int64_t nblk = ceil_div(len, bn);
+    int64_t per = ceil_div(nblk, job->splits);
+    int64_t kb0 = min64(split * per, nblk);
+    int64_t kb1 = min64(kb0 + per, nblk);
+    int64_t causal_shift = len - p->seqlen_q; /* row i sees key j iff j <= i + causal_shift */
+    int64_t kvh = job->pack > 1 ? unit : unit / job->group;
+
+    int64_t r0 = chunk * job->chunk_tiles * tr;
+    int64_t rows = min64(job->chunk_tiles * tr, job->unit_rows - r0);
+    int64_t tiles = ceil_div(rows, tr);
+    int64_t chunk_hi = INT64_MIN;
+    size_t es = dtype_size(p->dtype);
+
+    for (int64_t t = 0; t < tiles; t++) {
+        int64_t lo = INT64_MAX, hi = INT64_MIN;
+        for (int64_t r = 0; r < tr; r++) {
+            int64_t row = r0 + t * tr + r;
+            if (row >= r0 + rows) {
+                memset(s.rows + r * hd, 0, (size_t)hd * sizeof(float));
+                s.lim[t * tr + r] = -1;
+                continue;
+            }
+            int64_t i = row / job->pack;
+            int64_t h = job->pack > 1 ? unit * job->pack + row % job->pack : unit;
+            int64_t off = b * p->q_batch_stride + i * p->q_row_stride + h * p->q_head_stride;
+            kern->widen(s.rows + r * hd, 0, (const unsigned char *)p->q + (size_t)off * es, 1, 0,
+                        hd, p->dtype);
+            int64_t lim = p->causal ? i + causal_shift : len - 1;
+            s.lim[t * tr + r] = lim;
+            lo = min64(lo, lim);
+            hi = max64(hi, lim);
+        }
+        kern->load_q(s.qt + t * hd * tr, s.rows, hd, p->scale_log2);
+        s.lim_lo[t] = lo;
+        s.lim_hi[t] = hi;
+        chunk_hi = max64(chunk_hi, hi);
+        for (int64_t r = 0; r < tr; r++) {
+            s.m[t * tr + r] = -INFINITY;
+            s.l[t * tr + r] = 0.0f;
+        }
+        memset(s.ot + t * hd * tr, 0, (size_t)(hd * tr) * sizeof(float));
+    }
+
+    /* Blocks past every row's last visible key are skipped (no state change). */
+    int64_t kb_end = kb1;
+    if (p->causal)
+        kb_end = chunk_hi < 0 ? kb0 : min64(kb1, chunk_hi / bn + 1);
+
+    for (int64_t kb = kb0; kb < kb_end; kb++) {
+        int64_t n0 = kb * bn;
+        int64_t nb = min64(bn, len - n0);
+        int64_t k_off = b * p->k_batch_stride + n0 * p->k_row_stride + kvh * p->k_head_stride;
+        int64_t v_off = b * p->v_batch_stride + n0 * p->v_row_stride + kvh * p->v_head_stride;
+        /*
+         * Every dtype is copied to an fp32 block, f32 included: cache rows are
+         * heads_kv * head_dim apart, and a block read in place at a power-of-two
+         * stride keeps hitting the same few L1 sets (so does head_dim itself:
+         * the copy's rows are job->kv_ld apart).
+         */
+        kern->widen(s.kbuf, job->kv_ld, (const unsigned char *)p->k + (size_t)k_off * es, nb,
+                    p->k_row_stride, hd, p->dtype);
+        kern->widen(s.vbuf, job->kv_ld, (const unsigned char *)p->v + (size_t)v_off * es, nb,
+                    p->v_row_stride, hd, p->dtype);
+        for (int64_t t = 0; t < tiles; t++) {
+            if (s.lim_hi[t] < n0)
+                continue;
+            float *m = s.m + t * tr, *l = s.l + t * tr;
+            float *ot = s.ot + t * hd * tr;
+            kern->gemm(s.qt + t * hd * tr, hd, s.kbuf, job->kv_ld, 1, nb, s.st, NULL);
+            if (s.lim_lo[t] < n0 + nb - 1) {
+                for (int64_t r = 0; r < tr; r++) {
+                    int64_t rel = s.lim[t * tr + r] - n0;
+                    s.limit[r] = (float)(rel < -1 ? -1 : rel > bn ? bn : rel);
+                }
+                kern->mask(s.st, nb, s.limit);
+            }
+            kern->softmax(s.st, nb, m, l, s.alpha);
+            kern->gemm(s.st, nb, s.vbuf, 1, job->kv_ld, hd, ot, s.alpha);
+        }
+    }
+
+    for (int64_t t = 0; t < tiles; t++) {
+        kern->store_o(s.rows, s.ot + t * hd * tr, hd, s.l + t * tr);
+        for (int64_t r = 0; r < tr && t * tr + r < rows; r++) {
+            int64_t row = r0 + t * tr + r;
+            int64_t i = row / job->pack;
+            int64_t h = job->pack > 1 ? unit * job->pack + row % job->pack : unit;
+            write_row(job, s.rows + r * hd, s.m[t * tr + r], s.l[t * tr + r], b, i, h, split);
+        }
+    }
+}
+
+static fmha_status validate(const fmha_fwd_params *p)
+{
+    if (!p)
+        return FMHA_ERR_INVALID;
+    if (p->batch < 0 || p->seqlen_q < 0 || p->seqlen_k < 0 || p->heads_q < 0 ||
+        p->heads_kv < 1 || p->heads_q % p->heads_kv != 0 || p->seqlen_new < 0)
+        return FMHA_ERR_INVALID;
+    if (!dtype_valid(p->dtype))
+        return FMHA_ERR_INVALID;
+    if (p->head_dim < 1 || p->head_dim > FMHA_CPU_MAX_HEAD_DIM)
+        return FMHA_ERR_UNSUPPORTED;
+    if (p->num_splits < 1 || p->num_splits > FMHA_MAX_SPLITS || p->block_n < 1 ||
+        p->block_n > FMHA_CPU_MAX_BLOCK_N)
+        return FMHA_ERR_INVALID;
+    int64_t rows = p->batch * p->seqlen_q * p->heads_q;
+    if (rows > 0 && (!p->q || !p->out))
+        return FMHA_ERR_INVALID;
+    if (p->k_new && (!p->v_new || !p->seqlens_k))
+        return FMHA_ERR_INVALID;
+    for (int64_t b = 0; b < p->batch && p->seqlens_k; b++) {
+        int64_t len = key_len(p, b);
+        if (p->seqlens_k[b] < 0 || len > p->seqlen_k)
+            return FMHA_ERR_INVALID;
+    }
+    int needs_kv = p->seqlen_k > 0 && p->batch > 0;
+    if (needs_kv && (!p->k || !p->v))
+        return FMHA_ERR_INVALID;
+    return FMHA_OK;
+}
+
+/* KV append: k_new/v_new rows t go to cache rows seqlens_k[b] + t (validated to fit). */
+static void append_kv(const fmha_fwd_params *p)
+{
+    size_t es = dtype_size(p->dtype);
+    size_t row_bytes = (size_t)p->head_dim * es;
+    unsigned char *k = (unsigned char *)(uintptr_t)p->k;
+    unsigned char *v = (unsigned char *)(uintptr_t)p->v;
+    const unsigned char *kn = (const unsigned char *)p->k_new;
+    const unsigned char *vn = (const unsigned char *)p->v_new;
+    for (int64_t b = 0; b < p->batch; b++) {
+        for (int64_t t = 0; t < p->seqlen_new; t++) {
+            int64_t dst_row = p->seqlens_k[b] + t;
+            for (int64_t h = 0; h < p->heads_kv; h++) {
+                int64_t kd = b * p->k_batch_stride + dst_row * p->k_row_stride + h * p->k_head_stride;
+                int64_t vd = b * p->v_batch_stride + dst_row * p->v_row_stride + h * p->v_head_stride;
+                int64_t ks = b * p->knew_batch_stride + t * p->knew_row_stride + h * p->knew_head_stride;
+                int64_t vs = b * p->vnew_batch_stride + t * p->vnew_row_stride + h * p->vnew_head_stride;
+                memcpy(k + (size_t)kd * es, kn + (size_t)ks * es, row_bytes);
+                memcpy(v + (size_t)vd * es, vn + (size_t)vs * es, row_bytes);
+            }
+        }
+    }
+}
+
+/* a * b * ... into *out, or 0 when the product overflows size_t. */
+static int checked_mul(size_t *out, const int64_t *factors, int n)
+{
+    size_t acc = 1;
+    for (int i = 0; i < n; i++) {
+        size_t f = (size_t)factors[i];
+        if (f != 0 && acc > SIZE_MAX / f)
+            return 0;
+        acc *= f;
+    }
+    *out = acc;
+    return 1;
+}
+
+fmha_status fmha_cpu_fwd(fmha_fwd_params *p)
+{
+    fmha_status st = validate(p);
+    if (st != FMHA_OK)
+        return st;
+    if (p->k_new && p->seqlen_new > 0 && p->heads_kv > 0)
+        append_kv(p);
+    if (p->batch * p->seqlen_q * p->heads_q == 0)
+        return FMHA_OK;
+
+    fwd_job job;
+    memset(&job, 0, sizeof job);
+    job.p = p;
+    job.kern = select_kernels();
+    job.group = p->heads_q / p->heads_kv;
+    /* Rows are independent, so packing a kv head's query heads into one tile is free to choose. */
+    job.pack = job.group > 1 ? job.group : 1;
+    job.units = job.pack > 1 ? p->heads_kv : p->heads_q;
+    job.unit_rows = p->seqlen_q * job.pack;
+    job.splits = p->num_splits;
+    /* Rows of whole cache lines plus one, so a column walk spreads over the L1 sets. */
+    job.kv_ld = ceil_div(p->head_dim, FMHA_CPU_LINE_FLOATS) * FMHA_CPU_LINE_FLOATS +
+                FMHA_CPU_LINE_FLOATS;
+
+    int64_t tr = job.kern->tile_rows;
+    int64_t unit_tiles = ceil_div(job.unit_rows, tr);
+    int64_t all_tiles = p->batch * job.units * unit_tiles * job.splits;
+    int workers = fmha_pool_workers(p->num_threads, all_tiles);
+    job.chunk_tiles = all_tiles / ((int64_t)workers * FMHA_CPU_ITEMS_PER_WORKER);
+    int64_t tile_bytes = 2 * p->head_dim * tr * (int64_t)sizeof(float); /* its Q and O */
+    int64_t max_tiles = min64(FMHA_CPU_MAX_CHUNK_TILES, FMHA_CPU_CHUNK_BYTES / tile_bytes);
+    job.chunk_tiles = max64(1, min64(job.chunk_tiles, min64(max_tiles, unit_tiles)));
+    job.chunks = ceil_div(unit_tiles, job.chunk_tiles);
+    int64_t items = p->batch * job.units * job.chunks * job.splits;
+    workers = fmha_pool_workers(p->num_threads, items);
+
+    float *own_o = NULL, *own_lse = NULL;
+    if (job.splits > 1) {
+        size_t o_count, lse_count;
+        int64_t of[5] = {job.splits, p->batch, p->seqlen_q, p->heads_q, p->head_dim};
+        int64_t lf[4] = {job.splits, p->batch, p->heads_q, p->seqlen_q};
+        if (!checked_mul(&o_count, of, 5) || !checked_mul(&lse_count, lf, 4) ||
+            o_count > SIZE_MAX / sizeof(float))
+            return FMHA_ERR_NOMEM;
+        job.o_accum = p->o_accum;
+        job.lse_accum = p->lse_accum;
+        if (!job.o_accum)
+            job.o_accum = own_o = (float *)malloc(o_count * sizeof(float));
+        if (!job.lse_accum)
+            job.lse_accum = own_lse = (float *)malloc(lse_count * sizeof(float));
+        if (!job.o_accum || !job.lse_accum) {
+            free(own_o);
+            free(own_lse);
+            return FMHA_ERR_NOMEM;
+        }
+    }
+
+    job.ws_bytes = scratch_layout(&job, NULL, NULL);
+    void *ws = NULL;
+    if (posix_memalign(&ws, FMHA_CPU_ALIGN, job.ws_bytes * (size_t)workers) != 0) {
+        free(own_o);
+        free(own_lse);
+        return FMHA_ERR_NOMEM;
+    }
+    job.ws = (unsigned char *)ws;
+    fmha_pool_run(items, workers, fwd_item, &job);
+    free(ws);
+
+    if (job.splits > 1) {
+        fmha_combine_params c;
+        memset(&c, 0, sizeof c);
+        c.num_splits = job.splits;
+        c.batch = p->batch;
+        c.seqlen_q = p->seqlen_q;
+        c.heads = p->heads_q;
+        c.head_dim = p->head_dim;
+        c.in_dtype = FMHA_DTYPE_F32;
+        c.out_dtype = p->dtype;
+        c.o_partial = job.o_accum;
+        c.op_head_stride = p->head_dim;
+        c.op_row_stride = p->heads_q * c.op_head_stride;
+        c.op_batch_stride = p->seqlen_q * c.op_row_stride;
+        c.op_split_stride = p->batch * c.op_batch_stride;
+        c.lse_partial = job.lse_accum;
+        c.lp_row_stride = 1;
+        c.lp_head_stride = p->seqlen_q;
+        c.lp_batch_stride = p->heads_q * c.lp_head_stride;
+        c.lp_split_stride = p->batch * c.lp_batch_stride;
+        c.out = p->out;
+        c.o_batch_stride = p->o_batch_stride;
+        c.o_row_stride = p->o_row_stride;
+        c.o_head_stride = p->o_head_stride;
+        c.lse = p->lse;
+        c.lse_batch_stride = p->lse_batch_stride;
+        c.lse_head_stride = p->lse_head_stride;
+        c.lse_row_stride = p->lse_row_stride;
+        c.num_threads = p->num_threads;
+        combine_run(&c);
+        free(own_o);
+        free(own_lse);
+    }
+    return FMHA_OK;
+}

@@ -1,0 +1,182 @@
+"""fmha_native: fused multi-head attention forward with native split-K kernels.
+
+This module is the Python glue around the C extension ``fmha_native._C``: it
+re-exports the extension's functions and, for callers that hand in torch or
+CuPy arrays, picks the caller's current stream and allocates the outputs with
+the caller's own library, so results come back as the caller's kind of array.
+torch and CuPy are imported only when the caller's objects come from them.
+
+    out, lse = fmha_native.forward(q, k, v, causal=True, num_splits=0)
+
+Layout: q [batch, seqlen_q, heads_q, head_dim], k and v
+[batch, seqlen_k, heads_kv, head_dim]; out like q; lse float32
+[batch, heads_q, seqlen_q] (natural log).  See DESIGN.md for the contract.
+"""
+from . import _C
+
+FmhaError = _C.FmhaError
+Tensor = _C.Tensor
+info = _C.info
+__version__ = _C.__version__
+
+__all__ = ["FmhaError", "Tensor", "combine", "explain", "forward", "info", "reference",
+           "__version__"]
+
+# Input keywords of forward/explain that a torch caller may pass with
+# requires_grad set (DLPack refuses those; this library computes forward only).
+# out and lse are not among them: they are returned as the very objects given.
+_INPUT_KEYWORDS = ("cache_seqlens", "k_new", "v_new")
+
+
+def _library(obj):
+    """'torch', 'cupy' or None: which known array library made obj."""
+    module = type(obj).__module__ or ""
+    if module == "torch" or module.startswith("torch."):
+        return "torch"
+    if module == "cupy" or module.startswith("cupy."):
+        return "cupy"
+    return None
+
+
+def _torch_context(q, kw):
+    """(context manager, kw) for a torch call: current stream and device."""
+    import contextlib
+
+    import torch
+
+    if q.device.type == "cuda":
+        if kw.get("stream") is None:
+            kw["stream"] = torch.cuda.current_stream(q.device).cuda_stream
+        return torch.cuda.device(q.device), kw
+    return contextlib.nullcontext(), kw
+
+
+def _cupy_context(q, kw):
+    import cupy
+
+    if kw.get("stream") is None:
+        kw["stream"] = cupy.cuda.get_current_stream().ptr
+    return q.device, kw
+
+
+def _detach(x):
+    """x without autograd history (shares memory), for a torch input that has one."""
+    if _library(x) == "torch" and x.requires_grad:
+        return x.detach()
+    return x
+
+
+def _torch_forward_outputs(q, kw):
+    import torch
+
+    if kw.get("out") is None:
+        kw["out"] = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    if kw.get("lse") is None and kw.get("return_lse", True):
+        batch, seqlen_q, heads_q = q.shape[0], q.shape[1], q.shape[2]
+        kw["lse"] = torch.empty((batch, heads_q, seqlen_q), dtype=torch.float32, device=q.device)
+
+
+def _cupy_forward_outputs(q, kw):
+    import cupy
+
+    if kw.get("out") is None:
+        kw["out"] = cupy.empty(q.shape, dtype=q.dtype)
+    if kw.get("lse") is None and kw.get("return_lse", True):
+        batch, seqlen_q, heads_q = q.shape[0], q.shape[1], q.shape[2]
+        kw["lse"] = cupy.empty((batch, heads_q, seqlen_q), dtype=cupy.float32)
+
+
+def _prepare(q, k, v, kw, allocate):
+    """Common glue of forward/explain: (context, q, k, v, kw)."""
+    import contextlib
+
+    lib = _library(q)
+    if lib is None:
+        return contextlib.nullcontext(), q, k, v, kw
+    kw = dict(kw)
+    if lib == "torch":
+        q, k, v = _detach(q), _detach(k), _detach(v)
+        for key in _INPUT_KEYWORDS:
+            if kw.get(key) is not None:
+                kw[key] = _detach(kw[key])
+        ctx, kw = _torch_context(q, kw)
+        # Only a well-formed q gets outputs here, and device tensors with
+        # device="cpu" get none: _C reports those errors.
+        device_tensor = q.device.type != "cpu"
+        if allocate and q.dim() == 4 and not (device_tensor and kw.get("device") == "cpu"):
+            _torch_forward_outputs(q, kw)
+        return ctx, q, k, v, kw
+    ctx, kw = _cupy_context(q, kw)
+    if allocate and q.ndim == 4 and kw.get("device") != "cpu":
+        _cupy_forward_outputs(q, kw)
+    return ctx, q, k, v, kw
+
+
+def forward(q, k, v, **kw):
+    """forward(q, k, v, *, causal=False, softmax_scale=None, num_splits=0,
+    return_lse=True, out=None, lse=None, device=None, stream=None,
+    cache_seqlens=None, k_new=None, v_new=None) -> (out, lse) or out
+
+    Attention forward.  ``num_splits``: 0 = heuristic, 1 = no split, >= 2 = forced
+    (clamped to the key blocks).  ``device``: None (where the inputs live), "cpu",
+    "gpu"/"cuda"/"hip".  ``stream``: an integer stream handle; for torch and CuPy
+    inputs it defaults to the caller's current stream.  With ``cache_seqlens``
+    (int32 [batch]) k and v are a KV cache of capacity seqlen_k; ``k_new`` and
+    ``v_new`` [batch, seqlen_new, heads_kv, head_dim] are written into it at
+    cache_seqlens[b] before attending.
+    """
+    ctx, q, k, v, kw = _prepare(q, k, v, kw, allocate=True)
+    with ctx:
+        return _C.forward(q, k, v, **kw)
+
+
+def explain(q, k, v, **kw):
+    """explain(q, k, v, **forward_keywords) -> dict
+
+    The plan forward would run, without running it: backend, kernel, effective
+    num_splits, block_m, block_n, pack_gqa, reason, gate ({requirement: {"met",
+    "why"}}), supported, and the problem's dimensions.
+    """
+    ctx, q, k, v, kw = _prepare(q, k, v, kw, allocate=False)
+    with ctx:
+        return _C.explain(q, k, v, **kw)
+
+
+def combine(outs, lses, **kw):
+    """combine(outs, lses, *, out=None, lse=None, stream=None) -> (out, lse)
+
+    Merge G partial attention states (as split-K or context parallelism produce
+    them): outs [G, batch, seqlen_q, heads, head_dim] normalised by their own
+    row sums, lses float32 [G, batch, heads, seqlen_q].  out has outs' dtype
+    [batch, seqlen_q, heads, head_dim]; lse is float32 [batch, heads, seqlen_q].
+    """
+    import contextlib
+
+    lib = _library(outs)
+    ctx = contextlib.nullcontext()
+    if lib == "torch" and outs.dim() == 5:
+        import torch
+
+        outs, lses = _detach(outs), _detach(lses)
+        ctx, kw = _torch_context(outs, dict(kw))
+        g, batch, seqlen_q, heads, head_dim = outs.shape
+        if kw.get("out") is None:
+            kw["out"] = torch.empty((batch, seqlen_q, heads, head_dim), dtype=outs.dtype,
+                                    device=outs.device)
+        if kw.get("lse") is None:
+            kw["lse"] = torch.empty((batch, heads, seqlen_q), dtype=torch.float32,
+                                    device=outs.device)
+    elif lib == "cupy" and outs.ndim == 5:
+        import cupy
+
+        ctx, kw = _cupy_context(outs, dict(kw))
+        g, batch, seqlen_q, heads, head_dim = outs.shape
+        if kw.get("out") is None:
+            kw["out"] = cupy.empty((batch, seqlen_q, heads, head_dim), dtype=outs.dtype)
+        if kw.get("lse") is None:
+            kw["lse"] = cupy.empty((batch, heads, seqlen_q), dtype=cupy.float32)
+    with ctx:
+        return _C.combine(outs, lses, **kw)
+
+
+from . import reference  # noqa: E402  (the float64 oracle; needs only NumPy)

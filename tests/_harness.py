@@ -1,0 +1,207 @@
+"""Shared helpers of the test suite: input generation, backends, tolerances, checks.
+
+Every parity test builds its inputs in NumPy (float32, float16 or ml_dtypes bfloat16),
+hands them to a Backend, which moves them where that backend runs (NumPy with
+device="cpu"; torch CUDA tensors, or NumPy with device="gpu", for the GPU), and compares
+the float64 view of the result with fmha_native.reference on the same rounded inputs.
+"""
+import math
+
+import numpy as np
+import pytest
+
+import fmha_native
+from fmha_native import reference
+
+try:
+    import ml_dtypes
+except ImportError:  # bf16 NumPy cases skip; torch bf16 cases still run
+    ml_dtypes = None
+
+try:
+    import torch
+except ImportError:
+    torch = None
+
+# Accuracy contract (DESIGN.md section 2): relative Frobenius error of out, absolute
+# error of lse, against the float64 reference.
+OUT_RTOL = {"f32": 1e-5, "f16": 2e-3, "bf16": 1e-2}
+LSE_ATOL = {"f32": 1e-4, "f16": 1e-2, "bf16": 1e-2}
+# The lse of huge logits is itself huge; fp32 can only be this close relative to it.
+LSE_RTOL_LARGE = 1e-5
+
+GPU_DTYPES = ("f16", "bf16")
+NO_GPU_REASON = "no GPU device is listed by fmha_native.info(): the GPU backend did not run"
+
+
+def np_dtype(name):
+    if name == "f32":
+        return np.dtype(np.float32)
+    if name == "f16":
+        return np.dtype(np.float16)
+    if name == "bf16":
+        if ml_dtypes is None:
+            pytest.skip("ml_dtypes is not installed: no NumPy bfloat16")
+        return np.dtype(ml_dtypes.bfloat16)
+    raise ValueError(name)
+
+
+def dtype_name(dtype):
+    dtype = np.dtype(dtype)
+    if dtype == np.float32:
+        return "f32"
+    if dtype == np.float16:
+        return "f16"
+    if dtype.name == "bfloat16":
+        return "bf16"
+    raise ValueError(dtype)
+
+
+def randn(rng, shape, dtype="f32", scale=1.0):
+    """Standard normal values times scale, rounded to dtype (never zeros)."""
+    return (rng.standard_normal(shape, dtype=np.float32) * np.float32(scale)).astype(np_dtype(dtype))
+
+
+def make_qkv(rng, batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, dtype="f32"):
+    q = randn(rng, (batch, seqlen_q, heads_q, head_dim), dtype)
+    k = randn(rng, (batch, seqlen_k, heads_kv, head_dim), dtype)
+    v = randn(rng, (batch, seqlen_k, heads_kv, head_dim), dtype)
+    return q, k, v
+
+
+def gpu_devices():
+    return list(fmha_native.info().get("devices") or [])
+
+
+def torch_cuda():
+    return torch is not None and torch.cuda.is_available()
+
+
+def as_f64(x):
+    """float64 NumPy copy of a result of any kind (NumPy, torch, fmha_native.Tensor)."""
+    if isinstance(x, np.ndarray) or type(x).__module__.startswith(("torch", "cupy")):
+        return reference.to_float64(x)
+    return reference.to_float64(np.from_dlpack(x))
+
+
+def bits(x):
+    """Bytes of x for bitwise comparison (NaN-safe, dtype-agnostic)."""
+    if type(x).__module__.startswith("torch"):
+        x = x.detach().cpu().contiguous().view(torch.uint8).numpy()
+    return np.ascontiguousarray(np.asarray(x)).view(np.uint8).tobytes()
+
+
+class Backend:
+    """Runs fmha_native on one backend, taking and giving NumPy arrays."""
+
+    def __init__(self, name):
+        self.name = name
+        self.use_torch = name == "gpu" and torch_cuda()
+
+    def __repr__(self):
+        return f"Backend({self.name})"
+
+    @property
+    def is_gpu(self):
+        return self.name == "gpu"
+
+    def device_kw(self):
+        # Torch CUDA tensors go to the GPU by themselves; host arrays are forced.
+        if self.name == "cpu":
+            return {"device": "cpu"}
+        return {} if self.use_torch else {"device": "gpu"}
+
+    def put(self, x):
+        """Move one NumPy array where this backend runs (None passes through)."""
+        if x is None or not self.use_torch:
+            return x
+        if x.dtype.kind == "i":
+            return torch.from_numpy(np.ascontiguousarray(x)).cuda()
+        tdtype = {"f32": torch.float32, "f16": torch.float16,
+                  "bf16": torch.bfloat16}[dtype_name(x.dtype)]
+        return torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)).to(tdtype).cuda()
+
+    def skip_unsupported(self, dtype):
+        if self.is_gpu and dtype not in GPU_DTYPES:
+            pytest.skip(f"{dtype} runs on the CPU only (GPU kernels: float16, bfloat16)")
+
+    def require(self, q, k, v, **kw):
+        """On the GPU, skip problems the gate rejects, after checking they raise
+        NotImplementedError as the contract says."""
+        if not self.is_gpu:
+            return
+        qd, kd, vd = self.put(q), self.put(k), self.put(v)
+        kw = {key: self.put(val) if isinstance(val, np.ndarray) else val for key, val in kw.items()}
+        try:
+            plan = fmha_native.explain(qd, kd, vd, **self.device_kw(), **kw)
+            supported = all(item["met"] for item in plan["gate"].values())
+        except NotImplementedError:
+            supported = False
+        if not supported:
+            with pytest.raises(NotImplementedError, match="cpu"):
+                fmha_native.forward(qd, kd, vd, **self.device_kw(), **kw)
+            pytest.skip("the GPU gate rejects this problem (NotImplementedError checked); "
+                        "no GPU parity ran")
+
+    def forward_native(self, q, k, v, **kw):
+        """fmha_native.forward on this backend; returns its native result."""
+        kw = {key: self.put(val) if isinstance(val, np.ndarray) else val for key, val in kw.items()}
+        return fmha_native.forward(self.put(q), self.put(k), self.put(v), **self.device_kw(), **kw)
+
+    def forward(self, q, k, v, **kw):
+        """fmha_native.forward on this backend; returns float64 NumPy (out, lse)."""
+        res = self.forward_native(q, k, v, **kw)
+        if kw.get("return_lse", True):
+            out, lse = res
+            return as_f64(out), as_f64(lse)
+        return as_f64(res)
+
+
+def rel_fro(actual, expected):
+    """Relative Frobenius error ||actual - expected|| / ||expected||."""
+    diff = np.linalg.norm((actual - expected).ravel())
+    norm = np.linalg.norm(expected.ravel())
+    if norm == 0.0:
+        return diff
+    return diff / norm
+
+
+def assert_close(out, lse, ref_out, ref_lse, dtype, lse_rtol=0.0, what=""):
+    """Check (out, lse) against the reference within the contract's bounds.
+
+    Non-finite reference entries (empty rows: lse -inf; NaN rows) must be matched
+    exactly in kind; the finite rest is held to the per-dtype bounds.
+    """
+    assert out.shape == ref_out.shape, f"{what} out shape {out.shape} != {ref_out.shape}"
+    ref_nan = np.isnan(ref_out)
+    assert np.array_equal(np.isnan(out), ref_nan), f"{what} NaN pattern of out differs from the reference"
+    finite = ~ref_nan
+    err = rel_fro(np.where(finite, out, 0.0), np.where(finite, ref_out, 0.0))
+    assert err <= OUT_RTOL[dtype], f"{what} out relative error {err:.3g} > {OUT_RTOL[dtype]:g} ({dtype})"
+    if lse is None:
+        return
+    assert lse.shape == ref_lse.shape, f"{what} lse shape {lse.shape} != {ref_lse.shape}"
+    assert np.array_equal(np.isnan(lse), np.isnan(ref_lse)), f"{what} NaN pattern of lse differs"
+    assert np.array_equal(np.isneginf(lse), np.isneginf(ref_lse)), \
+        f"{what} lse is -inf exactly where the reference row sees no key: pattern differs"
+    fin = np.isfinite(ref_lse)
+    assert np.isfinite(lse[fin]).all(), f"{what} lse not finite where the reference is"
+    if fin.any():
+        scale = np.abs(ref_lse[fin]).max()
+        bound = LSE_ATOL[dtype] + lse_rtol * scale
+        lerr = np.abs(lse[fin] - ref_lse[fin]).max()
+        assert lerr <= bound, f"{what} lse abs error {lerr:.3g} > {bound:.3g} ({dtype})"
+
+
+def check_forward(backend, q, k, v, dtype, lse_rtol=0.0, **kw):
+    """Run one problem on backend and hold it to the reference; returns (out, lse)."""
+    ref_kw = {key: kw[key] for key in ("causal", "softmax_scale", "cache_seqlens", "k_new", "v_new")
+              if key in kw}
+    ref_out, ref_lse = reference.forward(q, k, v, **ref_kw)
+    out, lse = backend.forward(q, k, v, **kw)
+    assert_close(out, lse, ref_out, ref_lse, dtype, lse_rtol=lse_rtol)
+    return out, lse
+
+
+def key_blocks(seqlen_k, block_n):
+    return max(1, math.ceil(seqlen_k / block_n))
