@@ -8,7 +8,10 @@ with repeat_interleave before timing (the header line says which).
 
 Timing: wall clock around each call after warm-up; the two libraries alternate
 run by run (a machine shared with other work slows both alike), and the table
-shows the median of --reps runs.  The reference (fmha_native.reference.forward,
+shows the median of --reps runs.  --clock cpu times process CPU time instead,
+which ignores time spent descheduled on a busy machine; it is a fair comparison
+only with --threads 1 (OpenMP workers spin while they wait, which bills torch
+for CPU time that does no work).  The reference (fmha_native.reference.forward,
 float64 NumPy) is slow, so it runs --ref-reps times.  "err" is our relative
 Frobenius error against the reference.  TFLOP/s counts 4*B*Hq*Sq*Sk*D, halved for
 causal square problems.
@@ -33,6 +36,9 @@ def parse_args():
     ap.add_argument("--ref-reps", type=int, default=1,
                     help="timed runs of the NumPy reference (0 skips it)")
     ap.add_argument("--dtypes", default="float32,bfloat16")
+    ap.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                    help="wall clock (default) or process CPU time (use with --threads 1)")
+    ap.add_argument("--shapes", help="comma list of row numbers of SHAPES to run (default: all)")
     ap.add_argument("--json", help="write the rows here as JSON")
     return ap.parse_args()
 
@@ -85,9 +91,10 @@ def cpu_name():
 
 
 def timed(fn):
-    t0 = time.perf_counter()
+    clock = time.process_time if ARGS.clock == "cpu" else time.perf_counter
+    t0 = clock()
     fn()
-    return (time.perf_counter() - t0) * 1e3
+    return (clock() - t0) * 1e3
 
 
 def bench_shape(shape, dtype_name, gqa_native):
@@ -153,16 +160,19 @@ def main():
     gqa_native = torch_has_enable_gqa()
     info = fmha_native.info()
     print(f"# {cpu_name()}, {ARGS.threads} threads (fmha_native pool {info.get('cpu_threads')}, "
-          f"torch {torch.get_num_threads()}), simd {info.get('cpu_simd')}, torch {torch.__version__}")
+          f"torch {torch.get_num_threads()}), simd {info.get('cpu_simd')}, "
+          f"torch {torch.__version__}")
     print(f"# GQA in torch: {'enable_gqa=True' if gqa_native else 'k/v repeat_interleave'}; "
-          f"median of {ARGS.reps} alternating runs after {ARGS.warmup} warm-up")
+          f"median of {ARGS.reps} alternating runs after {ARGS.warmup} warm-up; "
+          f"{'process CPU time' if ARGS.clock == 'cpu' else 'wall clock'}")
     head = (f"{'shape (B,Hq,Hkv,Sq,Sk,D)':<30} {'dtype':<9} {'causal':<6} {'torch ms':>9} "
             f"{'ours ms':>9} {'speedup':>8} {'ref ms':>9} {'vs ref':>7} {'TFLOP/s':>8} "
             f"{'splits':>6} {'err':>8}")
     print(head)
     print("-" * len(head))
     rows = []
-    for shape in SHAPES:
+    picked = ([SHAPES[int(i)] for i in ARGS.shapes.split(",")] if ARGS.shapes else SHAPES)
+    for shape in picked:
         for dtype_name in ARGS.dtypes.split(","):
             r = bench_shape(shape, dtype_name.strip(), gqa_native)
             rows.append(r)
@@ -174,7 +184,8 @@ def main():
                   f"{r['tflops']:8.3f} {r['num_splits']:6d} {err}", flush=True)
     if ARGS.json:
         with open(ARGS.json, "w") as f:
-            json.dump({"cpu": cpu_name(), "threads": ARGS.threads, "simd": info.get("cpu_simd"),
+            json.dump({"cpu": cpu_name(), "threads": ARGS.threads, "clock": ARGS.clock,
+                       "simd": info.get("cpu_simd"),
                        "torch": torch.__version__, "rows": rows}, f, indent=1)
     return 0
 

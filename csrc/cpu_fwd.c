@@ -340,7 +340,10 @@ typedef struct fwd_scratch {
     int64_t *lim_hi;
 } fwd_scratch;
 
-static size_t align_up(size_t n) { return (n + FMHA_CPU_ALIGN - 1) / FMHA_CPU_ALIGN * FMHA_CPU_ALIGN; }
+static size_t align_up(size_t n)
+{
+    return (n + FMHA_CPU_ALIGN - 1) / FMHA_CPU_ALIGN * FMHA_CPU_ALIGN;
+}
 
 /* Lays out (base != NULL) or measures (base == NULL) one worker's scratch; returns its size. */
 static size_t scratch_layout(const fwd_job *job, unsigned char *base, fwd_scratch *s)
@@ -566,10 +569,14 @@ static void append_kv(const fmha_fwd_params *p)
         for (int64_t t = 0; t < p->seqlen_new; t++) {
             int64_t dst_row = p->seqlens_k[b] + t;
             for (int64_t h = 0; h < p->heads_kv; h++) {
-                int64_t kd = b * p->k_batch_stride + dst_row * p->k_row_stride + h * p->k_head_stride;
-                int64_t vd = b * p->v_batch_stride + dst_row * p->v_row_stride + h * p->v_head_stride;
-                int64_t ks = b * p->knew_batch_stride + t * p->knew_row_stride + h * p->knew_head_stride;
-                int64_t vs = b * p->vnew_batch_stride + t * p->vnew_row_stride + h * p->vnew_head_stride;
+                int64_t kd = b * p->k_batch_stride + dst_row * p->k_row_stride +
+                             h * p->k_head_stride;
+                int64_t vd = b * p->v_batch_stride + dst_row * p->v_row_stride +
+                             h * p->v_head_stride;
+                int64_t ks = b * p->knew_batch_stride + t * p->knew_row_stride +
+                             h * p->knew_head_stride;
+                int64_t vs = b * p->vnew_batch_stride + t * p->vnew_row_stride +
+                             h * p->vnew_head_stride;
                 memcpy(k + (size_t)kd * es, kn + (size_t)ks * es, row_bytes);
                 memcpy(v + (size_t)vd * es, vn + (size_t)vs * es, row_bytes);
             }

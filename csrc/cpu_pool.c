@@ -128,7 +128,7 @@ static void *helper_main(void *arg)
     return NULL;
 }
 
-/* In the child of fork(): no helper survived, and the locks may be held by threads that are gone. */
+/* In the child of fork(): no helper survived, and its locks may be held by threads now gone. */
 static void pool_atfork_child(void)
 {
     pthread_mutex_init(&g_pool.state_lock, NULL);

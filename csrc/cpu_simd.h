@@ -63,7 +63,10 @@
 #define FMHA_EXP2_HI 128.0f
 #define FMHA_F32_EXP_BIAS 127
 #define FMHA_F32_MANT_BITS 23
-/* Adding then subtracting 1.5 * 2^23 rounds a float of magnitude < 2^22 to an integer (ties to even). */
+/*
+ * Adding, then subtracting, 1.5 * 2^23 rounds a float below 2^22 in magnitude
+ * to an integer (ties to even).
+ */
 #define FMHA_ROUND_MAGIC 12582912.0f
 /* bf16 is the top half of an fp32. */
 #define FMHA_BF16_SHIFT 16
@@ -407,7 +410,7 @@ FMHA_TARGET static FMHA_ALWAYS_INLINE void FMHA_SFX(fmha_gemm_micro)(
 #pragma GCC unroll 4
             for (int r = 0; r < FMHA_CPU_ROW_VECS; r++)
                 acc[j][r] = FMHA_V_MUL(FMHA_V_LOAD(c + j * FMHA_TILE_ROWS + r * FMHA_LANES),
-                                  FMHA_V_LOAD(alpha + r * FMHA_LANES));
+                                       FMHA_V_LOAD(alpha + r * FMHA_LANES));
     } else {
 #pragma GCC unroll 16
         for (int j = 0; j < cols; j++)
@@ -517,7 +520,8 @@ FMHA_TARGET static void FMHA_SFX(fmha_softmax)(float *s, int64_t keys, float *m,
         }
 #undef FMHA_V_EXP2
         FMHA_V_STORE(m + r * FMHA_LANES, m_new);
-        FMHA_V_STORE(l + r * FMHA_LANES, FMHA_V_ADD(FMHA_V_MUL(FMHA_V_LOAD(l + r * FMHA_LANES), a), sum));
+        FMHA_VEC l_new = FMHA_V_ADD(FMHA_V_MUL(FMHA_V_LOAD(l + r * FMHA_LANES), a), sum);
+        FMHA_V_STORE(l + r * FMHA_LANES, l_new);
         FMHA_V_STORE(alpha + r * FMHA_LANES, a);
     }
 }

@@ -199,6 +199,11 @@ fmha_status fmha_plan_make(const fmha_fwd_params *p, const fmha_target *target,
 /* Copy the plan's choices into the params the backend reads. */
 void fmha_plan_apply(const fmha_plan *plan, fmha_fwd_params *p);
 
+/* Whether a [batch, rows, heads, head_dim] tensor (head_dim stride 1) starts
+ * every row on an `align_elems`-element boundary given its element size. */
+int fmha_rows_aligned(const void *data, int64_t batch_stride, int64_t row_stride,
+                      int64_t head_stride, int64_t head_dim, int64_t align_elems, int64_t elem_bytes);
+
 /* Number of key blocks a split can own: ceil(max keys / block_n), at least 1. */
 int64_t fmha_num_key_blocks(const fmha_fwd_params *p, int block_n);
 

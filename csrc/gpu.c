@@ -69,29 +69,131 @@ fmha_status fmha_gpu_device_info(int ordinal, const fmha_device_info **info)
 
 const char *fmha_gpu_error_string(void) { return fmha_rt_error_string(); }
 
-fmha_status fmha_gpu_fwd(fmha_fwd_params *p)
+/* Stream-ordered scratch of one call, freed together at the end. */
+#define FMHA_MAX_SCRATCH 8
+typedef struct call_scratch {
+    int n;
+    void *ptr[FMHA_MAX_SCRATCH];
+} call_scratch;
+
+static fmha_status scratch_alloc(const fmha_fwd_params *p, call_scratch *s, size_t bytes, void **ptr)
 {
-    if (p->num_splits <= 1) {
-        p->o_accum = NULL;
-        p->lse_accum = NULL;
-        return fmha_rt_launch_fwd(p);
+    if (s->n == FMHA_MAX_SCRATCH)
+        return FMHA_ERR_INVALID;
+    fmha_status st = fmha_rt_malloc(p->device, p->stream, bytes ? bytes : 1, ptr);
+    if (st == FMHA_OK)
+        s->ptr[s->n++] = *ptr;
+    return st;
+}
+
+static fmha_status scratch_free(const fmha_fwd_params *p, call_scratch *s)
+{
+    fmha_status first = FMHA_OK;
+    for (int i = 0; i < s->n; i++) {
+        fmha_status st = fmha_rt_free(p->device, p->stream, s->ptr[i]);
+        first = first != FMHA_OK ? first : st;
     }
-    /* Split partials: [num_splits, batch, seqlen_q, heads_q, head_dim] and
-     * [num_splits, batch, heads_q, seqlen_q], fp32, freed in stream order. */
-    size_t rows = (size_t)p->num_splits * (size_t)p->batch * (size_t)p->seqlen_q *
-                  (size_t)p->heads_q;
-    size_t o_bytes = rows * (size_t)p->head_dim * sizeof(float);
-    size_t lse_bytes = rows * sizeof(float);
-    void *scratch = NULL;
-    fmha_status st = fmha_rt_malloc(p->device, p->stream, o_bytes + lse_bytes, &scratch);
+    s->n = 0;
+    return first;
+}
+
+/* One [batch, rows, heads, head_dim] operand of the forward, by reference into the params. */
+typedef struct operand {
+    void **data; /* const-ness of q/k/v is dropped here: staging swaps the pointer */
+    int64_t *batch_stride, *row_stride, *head_stride;
+    int64_t rows, heads;
+    int64_t align;   /* elements each row start must be a multiple of */
+    int copy_back;   /* the kernels write it: copy the staged result back */
+} operand;
+
+/*
+ * Kernels read rows in 16-byte chunks and write out in element pairs.  An
+ * operand whose rows are not aligned so is copied into compact scratch (and,
+ * when the kernels write it, copied back afterwards) - the contract admits any
+ * strides, the fast path needs aligned ones.
+ */
+static fmha_status stage(const fmha_fwd_params *p, call_scratch *s, operand *o, fmha_rows_view *orig)
+{
+    const int64_t elem = 2;
+    orig->data = *o->data;
+    orig->batch_stride = *o->batch_stride;
+    orig->row_stride = *o->row_stride;
+    orig->head_stride = *o->head_stride;
+    if (!*o->data || fmha_rows_aligned(*o->data, *o->batch_stride, *o->row_stride, *o->head_stride,
+                                       p->head_dim, o->align, elem)) {
+        orig->data = NULL; /* nothing staged */
+        return FMHA_OK;
+    }
+    /* Compact rows padded to the alignment, so every row start is aligned. */
+    const int64_t dim = (p->head_dim + o->align - 1) / o->align * o->align;
+    fmha_rows_view copy = {NULL, o->rows * o->heads * dim, o->heads * dim, dim};
+    fmha_status st = scratch_alloc(p, s, (size_t)(p->batch * copy.batch_stride * elem), &copy.data);
+    if (st == FMHA_OK)
+        st = fmha_rt_copy_rows(p->device, p->stream, p->batch, o->rows, o->heads, p->head_dim,
+                               *orig, copy);
     if (st != FMHA_OK)
         return st;
-    p->o_accum = (float *)scratch;
-    p->lse_accum = (float *)((char *)scratch + o_bytes);
+    *o->data = copy.data;
+    *o->batch_stride = copy.batch_stride;
+    *o->row_stride = copy.row_stride;
+    *o->head_stride = copy.head_stride;
+    return FMHA_OK;
+}
+
+static fmha_status run_staged(fmha_fwd_params *p, call_scratch *s)
+{
+    const int64_t chunk = 8, pair = 2;
+    const int append = p->k_new != NULL;
+    operand ops[] = {
+        {(void **)&p->q, &p->q_batch_stride, &p->q_row_stride, &p->q_head_stride, p->seqlen_q, p->heads_q, chunk, 0},
+        {(void **)&p->k, &p->k_batch_stride, &p->k_row_stride, &p->k_head_stride, p->seqlen_k, p->heads_kv, chunk, append},
+        {(void **)&p->v, &p->v_batch_stride, &p->v_row_stride, &p->v_head_stride, p->seqlen_k, p->heads_kv, chunk, append},
+        {(void **)&p->k_new, &p->knew_batch_stride, &p->knew_row_stride, &p->knew_head_stride, p->seqlen_new, p->heads_kv, chunk, 0},
+        {(void **)&p->v_new, &p->vnew_batch_stride, &p->vnew_row_stride, &p->vnew_head_stride, p->seqlen_new, p->heads_kv, chunk, 0},
+        {&p->out, &p->o_batch_stride, &p->o_row_stride, &p->o_head_stride, p->seqlen_q, p->heads_q, pair, 1},
+    };
+    enum { N_OPS = sizeof ops / sizeof ops[0] };
+    fmha_rows_view orig[N_OPS];
+    fmha_status st = FMHA_OK;
+    for (int i = 0; i < N_OPS && st == FMHA_OK; i++)
+        st = stage(p, s, &ops[i], &orig[i]);
+    if (st != FMHA_OK)
+        return st;
+
+    if (p->num_splits > 1) {
+        /* Split partials: [num_splits, batch, seqlen_q, heads_q, head_dim] and
+         * [num_splits, batch, heads_q, seqlen_q], fp32. */
+        size_t rows = (size_t)p->num_splits * (size_t)p->batch * (size_t)p->seqlen_q *
+                      (size_t)p->heads_q;
+        size_t o_bytes = rows * (size_t)p->head_dim * sizeof(float);
+        void *partials = NULL;
+        st = scratch_alloc(p, s, o_bytes + rows * sizeof(float), &partials);
+        if (st != FMHA_OK)
+            return st;
+        p->o_accum = (float *)partials;
+        p->lse_accum = (float *)((char *)partials + o_bytes);
+    }
     st = fmha_rt_launch_fwd(p);
-    fmha_status st_free = fmha_rt_free(p->device, p->stream, scratch);
-    p->o_accum = NULL;
-    p->lse_accum = NULL;
+
+    for (int i = 0; i < N_OPS && st == FMHA_OK; i++) {
+        if (!orig[i].data || !ops[i].copy_back)
+            continue;
+        fmha_rows_view staged = {*ops[i].data, *ops[i].batch_stride, *ops[i].row_stride,
+                                 *ops[i].head_stride};
+        st = fmha_rt_copy_rows(p->device, p->stream, p->batch, ops[i].rows, ops[i].heads,
+                               p->head_dim, staged, orig[i]);
+    }
+    return st;
+}
+
+fmha_status fmha_gpu_fwd(fmha_fwd_params *p)
+{
+    fmha_fwd_params work = *p; /* staging rewrites pointers and strides: not the caller's */
+    call_scratch s = {0, {NULL}};
+    work.o_accum = NULL;
+    work.lse_accum = NULL;
+    fmha_status st = run_staged(&work, &s);
+    fmha_status st_free = scratch_free(&work, &s);
     return st != FMHA_OK ? st : st_free;
 }
 

@@ -25,6 +25,16 @@ fmha_status fmha_rt_memcpy(int device, void *stream, void *dst, const void *src,
 fmha_status fmha_rt_stream_sync(int device, void *stream);
 const char *fmha_rt_error_string(void);
 
+/* kernels/launch.hip: copy a [batch, rows, heads, head_dim] tensor of 16-bit
+ * elements between two strided layouts (head_dim stride 1 on both sides). */
+typedef struct fmha_rows_view {
+    void *data;
+    int64_t batch_stride, row_stride, head_stride;
+} fmha_rows_view;
+fmha_status fmha_rt_copy_rows(int device, void *stream, int64_t batch, int64_t rows,
+                              int64_t heads, int64_t head_dim, fmha_rows_view src,
+                              fmha_rows_view dst);
+
 /* kernels/launch.hip: producer kernels (+ the combine when p->num_splits > 1,
  * reading p->o_accum / p->lse_accum, which the caller allocated) */
 fmha_status fmha_rt_launch_fwd(const fmha_fwd_params *p);

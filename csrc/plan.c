@@ -57,20 +57,31 @@ static int64_t tile_rows(const fmha_fwd_params *p, int pack_gqa)
     return pack_gqa ? p->seqlen_q * (p->heads_q / p->heads_kv) : p->seqlen_q;
 }
 
+/* Share of the machine busy over the waves that `work` tiles take on `slots`. */
+static double wave_efficiency(int64_t work, int64_t slots)
+{
+    double waves = (double)work / (double)slots;
+    return waves / (double)ceil_div(work, slots);
+}
+
 /*
  * Split count for a machine that runs `slots` tiles at once, given `tiles`
- * independent tiles of work and `key_blocks` key blocks per tile.  A split
- * count pays when the tiles under-fill the machine; among the counts that
+ * independent tiles of work and `key_blocks` key blocks per tile.  Tiles are
+ * equal, so time goes with the number of waves: a split count pays when the
+ * last wave of unsplit tiles leaves the machine idle.  Among the counts that
  * keep at least FMHA_MIN_BLOCKS_PER_SPLIT key blocks per split, take the
- * smallest whose wave efficiency is within 15% of the best (each extra split
+ * smallest whose wave efficiency is within 5% of the best (each extra split
  * costs scratch traffic and a share of the combine).
  */
 static int choose_splits(int64_t tiles, int64_t slots, int64_t key_blocks, int max_splits,
                          char *why, size_t why_len)
 {
-    if (tiles >= slots * 4 / 5) {
-        snprintf(why, why_len, "%lld tiles fill %lld slots: no split",
-                 (long long)tiles, (long long)slots);
+    const double good_enough = 0.9;  /* an unsplit grid this busy stays unsplit */
+    const double near_best = 0.95;   /* accept this fraction of the best efficiency */
+    double eff1 = wave_efficiency(tiles, slots);
+    if (eff1 >= good_enough) {
+        snprintf(why, why_len, "%lld tiles on %lld slots keep %.0f%% of the machine busy: no split",
+                 (long long)tiles, (long long)slots, 100.0 * eff1);
         return 1;
     }
     int64_t limit = key_blocks / FMHA_MIN_BLOCKS_PER_SPLIT;
@@ -81,26 +92,23 @@ static int choose_splits(int64_t tiles, int64_t slots, int64_t key_blocks, int m
                  "few to split", (long long)tiles, (long long)slots, (long long)key_blocks);
         return 1;
     }
-    double eff[FMHA_MAX_SPLITS + 1] = {0};
     double best = 0.0;
     for (int64_t s = 1; s <= limit; s++) {
-        double waves = (double)(tiles * s) / (double)slots;
-        double full = (double)ceil_div(tiles * s, slots);
-        /* Splitting beyond what fills the machine only adds combine work. */
-        eff[s] = waves / full;
-        if (eff[s] > best)
-            best = eff[s];
+        double eff = wave_efficiency(tiles * s, slots);
+        if (eff > best)
+            best = eff;
     }
     int chosen = 1;
     for (int64_t s = 1; s <= limit; s++) {
-        if (eff[s] >= 0.85 * best) {
+        if (wave_efficiency(tiles * s, slots) >= near_best * best) {
             chosen = (int)s;
             break;
         }
     }
-    snprintf(why, why_len, "%lld tiles under-fill %lld slots: %d splits of ~%lld key blocks "
-             "(wave efficiency %.2f)", (long long)tiles, (long long)slots, chosen,
-             (long long)ceil_div(key_blocks, chosen), eff[chosen]);
+    snprintf(why, why_len, "%lld tiles on %lld slots: %d splits of ~%lld key blocks "
+             "(machine %.0f%% busy, %.0f%% unsplit)", (long long)tiles, (long long)slots, chosen,
+             (long long)ceil_div(key_blocks, chosen), 100.0 * wave_efficiency(tiles * chosen, slots),
+             100.0 * eff1);
     return chosen;
 }
 
@@ -177,39 +185,38 @@ static void gpu_head_dims(char *buf, size_t len)
 #undef FMHA_LIST
 }
 
-/* Element offset that is a multiple of `elems` (pointer as elements of the dtype). */
-static int multiple_of(int64_t x, int64_t elems) { return x % elems == 0; }
+int fmha_rows_aligned(const void *data, int64_t batch_stride, int64_t row_stride,
+                      int64_t head_stride, int64_t head_dim, int64_t align_elems, int64_t elem_bytes)
+{
+    if (!data)
+        return 1; /* not placed yet (explain, outputs still to allocate): allocated aligned */
+    return (uintptr_t)data % (uintptr_t)(align_elems * elem_bytes) == 0 &&
+           batch_stride % align_elems == 0 && row_stride % align_elems == 0 &&
+           head_stride % align_elems == 0 && head_dim % align_elems == 0;
+}
 
 /*
  * The GPU kernels copy q/k/v rows in 16-byte chunks (cp.async) and store out
- * in pairs of elements, so every row start must be aligned accordingly.
+ * in pairs of elements; gpu.c stages tensors that are not aligned so into
+ * aligned copies.  Whether that happens is worth showing in explain().
  */
 static int gpu_rows_aligned(const fmha_fwd_params *p)
 {
-    const int64_t chunk = 8; /* 16 bytes of 16-bit elements */
-    const void *ptrs[] = {p->q, p->k, p->v, p->k_new, p->v_new};
-    for (size_t i = 0; i < sizeof ptrs / sizeof ptrs[0]; i++)
-        if ((uintptr_t)ptrs[i] % 16 != 0)
-            return 0;
-    const int64_t strides[] = {p->q_batch_stride, p->q_row_stride, p->q_head_stride,
-                               p->k_batch_stride, p->k_row_stride, p->k_head_stride,
-                               p->v_batch_stride, p->v_row_stride, p->v_head_stride,
-                               p->head_dim};
-    for (size_t i = 0; i < sizeof strides / sizeof strides[0]; i++)
-        if (!multiple_of(strides[i], chunk))
-            return 0;
-    if (p->k_new) {
-        const int64_t new_strides[] = {p->knew_batch_stride, p->knew_row_stride,
-                                       p->knew_head_stride, p->vnew_batch_stride,
-                                       p->vnew_row_stride, p->vnew_head_stride};
-        for (size_t i = 0; i < sizeof new_strides / sizeof new_strides[0]; i++)
-            if (!multiple_of(new_strides[i], chunk))
-                return 0;
-    }
-    if ((uintptr_t)p->out % 4 != 0 || !multiple_of(p->o_batch_stride, 2) ||
-        !multiple_of(p->o_row_stride, 2) || !multiple_of(p->o_head_stride, 2))
-        return 0;
-    return 1;
+    const int64_t chunk = 8, pair = 2, elem = 2; /* 16 bytes, 4 bytes of 16-bit elements */
+    int ok = fmha_rows_aligned(p->q, p->q_batch_stride, p->q_row_stride, p->q_head_stride,
+                               p->head_dim, chunk, elem) &&
+             fmha_rows_aligned(p->k, p->k_batch_stride, p->k_row_stride, p->k_head_stride,
+                               p->head_dim, chunk, elem) &&
+             fmha_rows_aligned(p->v, p->v_batch_stride, p->v_row_stride, p->v_head_stride,
+                               p->head_dim, chunk, elem) &&
+             fmha_rows_aligned(p->out, p->o_batch_stride, p->o_row_stride, p->o_head_stride,
+                               p->head_dim, pair, elem);
+    if (p->k_new)
+        ok = ok && fmha_rows_aligned(p->k_new, p->knew_batch_stride, p->knew_row_stride,
+                                     p->knew_head_stride, p->head_dim, chunk, elem) &&
+             fmha_rows_aligned(p->v_new, p->vnew_batch_stride, p->vnew_row_stride,
+                               p->vnew_head_stride, p->head_dim, chunk, elem);
+    return ok;
 }
 
 /* Resident CTAs per SM of the tensor-core kernel: measured by the runtime
@@ -260,10 +267,10 @@ static void plan_gpu(const fmha_fwd_params *p, const fmha_target *t, int request
              hd_ok ? "in" : "not in", dims);
 
     int aligned = gpu_rows_aligned(p);
-    gate_add(plan, "alignment", aligned, aligned
-             ? "q/k/v rows start on 16-byte boundaries, out/lse rows on 4-byte boundaries"
-             : "q/k/v (and k_new/v_new) need 16-byte aligned pointers and strides that are "
-               "multiples of 8 elements; out needs even strides (make the tensors contiguous)");
+    gate_add(plan, "alignment", 1, aligned
+             ? "q/k/v rows start on 16-byte boundaries, out rows on 4-byte boundaries"
+             : "some rows are not 16-byte aligned (pointer or strides not multiples of 8 "
+               "elements): those tensors are first copied to aligned scratch on the GPU");
 
     if (!plan->supported) {
         snprintf(plan->reason, sizeof plan->reason,

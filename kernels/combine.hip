@@ -7,8 +7,8 @@
  *
  * folded in split order 0..num_splits-1, so results are deterministic.  A
  * split with lse_g = -inf adds nothing; a row whose splits are all -inf gives
- * out = 0 and lse = -inf.  One warp per (batch, query, head) row, lanes along
- * head_dim.  Used after the split producers and by fmha_native.combine.
+ * out = 0 and lse = -inf.  Used after the split producers and by
+ * fmha_native.combine.
  */
 #include "convert.h"
 #include "launch.h"
@@ -19,12 +19,17 @@ namespace fmha {
 namespace {
 
 constexpr int COMBINE_WARPS = 4;
+constexpr int COMBINE_THREADS = COMBINE_WARPS * FMHA_WARP_SIZE;
+constexpr int COMBINE_UNROLL = 4; /* independent partial loads in flight per thread */
+
+/* max that keeps NaN (fmaxf drops it): a NaN partial must poison its row. */
+__device__ __forceinline__ float nan_max(float a, float b) { return a != a ? a : b != b ? b : fmaxf(a, b); }
 
 __device__ __forceinline__ float warp_max(float x)
 {
 #pragma unroll
     for (int off = FMHA_WARP_SIZE / 2; off > 0; off /= 2)
-        x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, off));
+        x = nan_max(x, __shfl_xor_sync(0xffffffffu, x, off));
     return x;
 }
 
@@ -36,60 +41,103 @@ __device__ __forceinline__ float warp_sum(float x)
     return x;
 }
 
+/* An empty split (weight 0) must not multiply whatever its partial holds. */
+__device__ __forceinline__ float weighted(float weight, float x) { return weight == 0.f ? 0.f : weight * x; }
+
+/*
+ * A CTA merges `rows_per_cta` rows (<= COMBINE_WARPS).  Phase 1: warp r turns
+ * row r's split LSEs into its LSE and the split weights, kept in shared
+ * memory.  Phase 2: all threads sweep (row, feature) pairs, each folding the
+ * splits in order 0..num_splits-1 with COMBINE_UNROLL loads in flight.
+ */
 template <typename TIn, typename TOut>
-__global__ void __launch_bounds__(COMBINE_WARPS * FMHA_WARP_SIZE)
-combine_kernel(const fmha_combine_params c)
+__global__ void __launch_bounds__(COMBINE_THREADS)
+combine_kernel(const fmha_combine_params c, int rows_per_cta)
 {
-    const int lane = threadIdx.x % FMHA_WARP_SIZE;
-    const int64_t row = (int64_t)blockIdx.x * COMBINE_WARPS + threadIdx.x / FMHA_WARP_SIZE;
-    if (row >= c.batch * c.seqlen_q * c.heads)
-        return;
-    const int64_t h = row % c.heads, i = row / c.heads % c.seqlen_q, b = row / c.heads / c.seqlen_q;
-    const float *lse_g = c.lse_partial + b * c.lp_batch_stride + h * c.lp_head_stride +
-                         i * c.lp_row_stride;
-    const TIn *o_g = static_cast<const TIn *>(c.o_partial) + b * c.op_batch_stride +
-                     i * c.op_row_stride + h * c.op_head_stride;
+    extern __shared__ float s_weight[]; /* [rows_per_cta][num_splits], then [rows_per_cta] lse */
+    float *s_lse = s_weight + rows_per_cta * c.num_splits;
+    const int64_t total_rows = c.batch * c.seqlen_q * c.heads;
+    const int64_t row0 = (int64_t)blockIdx.x * rows_per_cta;
+    const int lane = threadIdx.x % FMHA_WARP_SIZE, warp = threadIdx.x / FMHA_WARP_SIZE;
 
-    float top = -INFINITY;
-    for (int64_t g = lane; g < c.num_splits; g += FMHA_WARP_SIZE)
-        top = fmaxf(top, lse_g[g * c.lp_split_stride]);
-    top = warp_max(top);
-    float sum = 0.f;
-    if (top != -INFINITY)
+    auto row_coords = [&](int64_t row, int64_t &b, int64_t &i, int64_t &h) {
+        h = row % c.heads;
+        i = row / c.heads % c.seqlen_q;
+        b = row / c.heads / c.seqlen_q;
+    };
+
+    if (warp < rows_per_cta && row0 + warp < total_rows) {
+        int64_t b, i, h;
+        row_coords(row0 + warp, b, i, h);
+        const float *lse_g = c.lse_partial + b * c.lp_batch_stride + h * c.lp_head_stride +
+                             i * c.lp_row_stride;
+        float top = -INFINITY;
         for (int64_t g = lane; g < c.num_splits; g += FMHA_WARP_SIZE)
-            sum += expf(lse_g[g * c.lp_split_stride] - top);
-    sum = warp_sum(sum);
-    const float lse = top == -INFINITY ? -INFINITY : top + logf(sum);
+            top = nan_max(top, lse_g[g * c.lp_split_stride]);
+        top = warp_max(top);
+        float sum = 0.f;
+        if (top != -INFINITY)
+            for (int64_t g = lane; g < c.num_splits; g += FMHA_WARP_SIZE)
+                sum += expf(lse_g[g * c.lp_split_stride] - top);
+        sum = warp_sum(sum);
+        const float lse = top == -INFINITY ? -INFINITY : top + logf(sum);
+        for (int64_t g = lane; g < c.num_splits; g += FMHA_WARP_SIZE)
+            s_weight[warp * c.num_splits + g] =
+                lse == -INFINITY ? 0.f : expf(lse_g[g * c.lp_split_stride] - lse);
+        if (lane == 0) {
+            s_lse[warp] = lse;
+            if (c.lse)
+                c.lse[b * c.lse_batch_stride + h * c.lse_head_stride + i * c.lse_row_stride] = lse;
+        }
+    }
+    __syncthreads();
 
-    TOut *out = static_cast<TOut *>(c.out) + b * c.o_batch_stride + i * c.o_row_stride +
-                h * c.o_head_stride;
-    for (int64_t d = lane; d < c.head_dim; d += FMHA_WARP_SIZE) {
+    const int64_t rows_here = total_rows - row0 < rows_per_cta ? total_rows - row0 : rows_per_cta;
+    for (int64_t idx = threadIdx.x; idx < rows_here * c.head_dim; idx += COMBINE_THREADS) {
+        const int r = (int)(idx / c.head_dim);
+        const int64_t d = idx % c.head_dim;
+        int64_t b, i, h;
+        row_coords(row0 + r, b, i, h);
+        const TIn *o_g = static_cast<const TIn *>(c.o_partial) + b * c.op_batch_stride +
+                         i * c.op_row_stride + h * c.op_head_stride + d;
+        const float *weight = s_weight + r * c.num_splits;
         float acc = 0.f;
-        if (lse != -INFINITY)
-            for (int64_t g = 0; g < c.num_splits; g++) {
-                const float weight = expf(lse_g[g * c.lp_split_stride] - lse);
-                /* weight 0 (an empty split) must not multiply whatever its o_g holds */
-                if (weight != 0.f)
-                    acc += weight * load_float(o_g[g * c.op_split_stride + d]);
+        if (s_lse[r] != -INFINITY) {
+            int64_t g = 0;
+            for (; g + COMBINE_UNROLL <= c.num_splits; g += COMBINE_UNROLL) {
+                float x[COMBINE_UNROLL];
+#pragma unroll
+                for (int u = 0; u < COMBINE_UNROLL; u++)
+                    x[u] = load_float(o_g[(g + u) * c.op_split_stride]);
+#pragma unroll
+                for (int u = 0; u < COMBINE_UNROLL; u++)
+                    acc += weighted(weight[g + u], x[u]);
             }
+            for (; g < c.num_splits; g++)
+                acc += weighted(weight[g], load_float(o_g[g * c.op_split_stride]));
+        }
+        TOut *out = static_cast<TOut *>(c.out) + b * c.o_batch_stride + i * c.o_row_stride +
+                    h * c.o_head_stride;
         out[d] = store_as<TOut>(acc);
     }
-    if (c.lse && lane == 0)
-        c.lse[b * c.lse_batch_stride + h * c.lse_head_stride + i * c.lse_row_stride] = lse;
 }
 
 template <typename TIn, typename TOut> fmha_status launch_typed(const fmha_combine_params &c)
 {
-    int64_t rows = c.batch * c.seqlen_q * c.heads;
-    int64_t ctas = (rows + COMBINE_WARPS - 1) / COMBINE_WARPS;
+    const int64_t rows = c.batch * c.seqlen_q * c.heads;
+    /* Enough rows per CTA to give every thread a feature, at most one row per warp. */
+    int rows_per_cta = (int)(COMBINE_THREADS / (c.head_dim > 0 ? c.head_dim : 1));
+    rows_per_cta = rows_per_cta < 1 ? 1 : rows_per_cta > COMBINE_WARPS ? COMBINE_WARPS : rows_per_cta;
+    const int64_t ctas = (rows + rows_per_cta - 1) / rows_per_cta;
     if (ctas == 0)
         return FMHA_OK;
     if (ctas > INT32_MAX) {
         record_error("combine grid too large", hipSuccess);
         return FMHA_ERR_UNSUPPORTED;
     }
-    combine_kernel<TIn, TOut><<<dim3((unsigned)ctas), dim3(COMBINE_WARPS * FMHA_WARP_SIZE), 0,
-                                (hipStream_t)c.stream>>>(c);
+    const size_t smem = sizeof(float) * (size_t)rows_per_cta * (size_t)(c.num_splits + 1);
+    combine_kernel<TIn, TOut><<<dim3((unsigned)ctas), dim3(COMBINE_THREADS), smem,
+                                (hipStream_t)c.stream>>>(c, rows_per_cta);
     return check_launch("combine_kernel");
 }
 

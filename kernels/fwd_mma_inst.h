@@ -7,6 +7,8 @@
 #include "fwd_mma.h"
 #include "launch.h"
 
+#include <atomic>
+#include <stdint.h>
 #include <type_traits>
 
 #ifndef FMHA_HEAD_DIM
@@ -55,9 +57,15 @@ fmha_status launch_variant(const fmha_fwd_params &p)
 {
     constexpr int smem = fwd_mma_smem_bytes<cfg>();
     auto kernel = fwd_mma_kernel<T, cfg, CAUSAL, SPLIT>;
-    hipError_t err = allow_smem(kernel, smem);
-    if (err != hipSuccess)
-        return record_error("hipFuncSetAttribute(max dynamic shared memory)", err);
+    /* The attribute is per device: set it once for each (a bit per ordinal). */
+    static std::atomic<uint64_t> smem_allowed{0};
+    const uint64_t bit = p.device < 64 ? 1ull << p.device : 0;
+    if (!bit || !(smem_allowed.load(std::memory_order_acquire) & bit)) {
+        hipError_t err = allow_smem(kernel, smem);
+        if (err != hipSuccess)
+            return record_error("hipFuncSetAttribute(max dynamic shared memory)", err);
+        smem_allowed.fetch_or(bit, std::memory_order_release);
+    }
     int64_t rows = p.pack_gqa ? p.seqlen_q * (p.heads_q / p.heads_kv) : p.seqlen_q;
     int64_t slots = p.pack_gqa ? p.heads_kv : p.heads_q;
     int64_t ctas = (rows + cfg::block_m - 1) / cfg::block_m * slots * p.num_splits * p.batch;

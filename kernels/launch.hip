@@ -58,6 +58,23 @@ fmha_status launch_append(const fmha_fwd_params &p)
     return check_launch("append_kv_kernel");
 }
 
+constexpr int COPY_THREADS = 256;
+
+/* Element-wise copy between strided [batch, rows, heads, head_dim] layouts. */
+__global__ void __launch_bounds__(COPY_THREADS)
+copy_rows_kernel(int64_t rows, int64_t heads, int64_t head_dim, int64_t total,
+                 fmha_rows_view src, fmha_rows_view dst)
+{
+    for (int64_t idx = (int64_t)blockIdx.x * COPY_THREADS + threadIdx.x; idx < total;
+         idx += (int64_t)gridDim.x * COPY_THREADS) {
+        const int64_t d = idx % head_dim, h = idx / head_dim % heads;
+        const int64_t r = idx / head_dim / heads % rows, b = idx / head_dim / heads / rows;
+        static_cast<uint16_t *>(dst.data)[b * dst.batch_stride + r * dst.row_stride + h * dst.head_stride + d] =
+            static_cast<const uint16_t *>(src.data)[b * src.batch_stride + r * src.row_stride +
+                                                    h * src.head_stride + d];
+    }
+}
+
 fmha_status launch_producer(const fmha_fwd_params &p)
 {
     switch (p.head_dim) {
@@ -116,6 +133,22 @@ extern "C" fmha_status fmha_rt_launch_fwd(const fmha_fwd_params *p)
     if (st == FMHA_OK && p->num_splits > 1)
         st = fmha::launch_combine(fmha::scratch_combine(*p));
     return st;
+}
+
+extern "C" fmha_status fmha_rt_copy_rows(int device, void *stream, int64_t batch, int64_t rows,
+                                         int64_t heads, int64_t head_dim, fmha_rows_view src,
+                                         fmha_rows_view dst)
+{
+    constexpr int64_t MAX_CTAS = 1 << 16;
+    fmha_status st = fmha::use_device(device);
+    const int64_t total = batch * rows * heads * head_dim;
+    if (st != FMHA_OK || total == 0)
+        return st;
+    int64_t ctas = (total + fmha::COPY_THREADS - 1) / fmha::COPY_THREADS;
+    ctas = ctas < MAX_CTAS ? ctas : MAX_CTAS;
+    fmha::copy_rows_kernel<<<dim3((unsigned)ctas), fmha::COPY_THREADS, 0, (hipStream_t)stream>>>(
+        rows, heads, head_dim, total, src, dst);
+    return fmha::check_launch("copy_rows_kernel");
 }
 
 extern "C" fmha_status fmha_rt_launch_combine(const fmha_combine_params *c)
