@@ -9,13 +9,15 @@ Targets (reported, not asserted): geomean <= 1.05, no shape above 1.15.
 Candidates: num_splits in {1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128}, each mapped
 to its effective count by explain() and deduplicated, plus the heuristic (num_splits=0).
 
-Timing: CUDA events, the current stream, outputs preallocated (out=, lse=).  For shapes
-with few query rows per kv head (seqlen_q * heads_q / heads_kv <= 64, memory-bound) a
-256 MB buffer is zeroed before every timed run to flush the L2.  Two phases keep the
-sweep short:
-  1. screening: the heuristic first, then the forced counts nearest to its count; a
-     count whose first run is hopeless (> 20x the best so far, or > 3x after a timed
-     probe) is dropped after that run, the others get 3 timed runs;
+Timing: CUDA events on the current stream, outputs preallocated (out=, lse=).  For
+shapes with few query rows per kv head (seqlen_q * heads_q / heads_kv <= 64, memory-bound)
+a 256 MB buffer is zeroed before every timed run to flush the L2; other runs start after
+a short device spin, so that the events time kernels rather than the Python call.  Two
+phases keep the sweep short:
+  1. screening: the heuristic first, then the unsplit plan, then the other forced counts
+     nearest to the heuristic's count; a count whose first run is hopeless (> 20x the
+     best so far and > 5 ms, or a timed probe > 3x) is dropped after it, the others get
+     3 warm-up and 3 timed runs;
   2. final: the heuristic and the forced counts within 1.3x of the screening best (at
      most 6, always the best one) get one warm-up round and then --reps interleaved
      rounds (each round runs every finalist once, in a rotated order, so clock drift
@@ -23,16 +25,18 @@ sweep short:
 Every distinct plan's output is also compared with the unsplit plan's (relative
 Frobenius difference; above 1e-2 is flagged), a free check that forced splits are right.
 
-Shapes come from a fixed list (families: decode, speculative decoding, chunked prefill,
-prefill, causal, wave-quantisation boundaries, short keys).  A shape whose single run is
-estimated above ~20 ms (max(4*B*Hq*Sq*Sk*D / 300e12, bytes / 3e12)) is trimmed (batch
-halved, then seqlen_q, then seqlen_k) and marked; a wall-clock budget (--budget-s) skips
-whatever would not finish in time.  Progress goes to stderr, one JSON line per shape;
-the table and the summary (last line) go to stdout; --json writes everything, rewritten
-after every shape so a killed run keeps what it measured.
+Shapes: a fixed list by family (decode, speculative decoding, chunked prefill, prefill,
+causal, wave-quantisation boundaries, short keys), then --random shapes drawn with a fixed
+seed.  A shape whose single run is estimated above ~20 ms (max(4*B*Hq*Sq*Sk*D / 300e12,
+bytes / 3e12)) is trimmed (batch halved, then seqlen_q, then seqlen_k) and marked *; a
+wall-clock budget (--budget-s) skips what would not finish in time.  Progress goes to
+stderr, one JSON line per shape; the table, the worst shapes and the summary (last line)
+go to stdout; --json writes everything (device, versions, date, every candidate's
+times), rewritten after every shape so a killed run keeps what it measured (SIGTERM
+also prints the report).
 
     python benchmarks/sweep_splits.py [--json sweep.json] [--quick] [--shapes N]
-                                      [--only 3,7] [--reps 15] [--budget-s 210]
+                                      [--only 3,7] [--reps 20] [--budget-s 210]
     python benchmarks/sweep_splits.py --dry-run     # shapes, trims, time estimate; no GPU
     python benchmarks/sweep_splits.py --cpu-smoke   # the whole flow on the CPU backend
 
@@ -71,7 +75,7 @@ SCREEN_RUNS = 3
 DEFAULT_REPS = 20
 HEAVY_RUN_S = 5e-3             # shapes estimated above this get at most HEAVY_REPS rounds
 HEAVY_REPS = 10
-MIN_REPS = 10
+QUICK_REPS = 10
 SINGLE_CTA_BYTES_PER_S = 50e9  # budget guess for one CTA streaming K/V alone (unsplit)
 # Runs without a flush start after a short device spin instead, so that the host has
 # queued the call before the device reaches it: the events then time the kernels,
@@ -366,7 +370,8 @@ def untimed_ms(timer, fn):
 # ----------------------------------------------------------------------------- one shape
 
 def tiles_slots(reason):
-    m = re.search(r"(\d+) tiles\b.*?\b(\d+) (?:slots|threads)", reason or "")
+    """(tiles, slots) as the plan's reason states them, else (None, None)."""
+    m = re.search(r"(\d+) tiles (?:on|fill|under-fill) (\d+) slots", reason or "")
     return (int(m.group(1)), int(m.group(2))) if m else (None, None)
 
 
@@ -495,6 +500,9 @@ def measure_shape(fmha_native, torch, timer, s, args, device):
                best_splits=best_eff, best_ms=cands[best_eff]["ms"],
                regret=h_ms / cands[best_eff]["ms"], reps=reps, max_rel_diff=max_diff,
                candidates={str(e): c for e, c in cands.items()})
+    if h_splits in finalists:
+        # The same plan timed twice: how far apart two measurements of one plan land.
+        row["self_ratio"] = h_ms / cands[h_splits]["ms"]
     return row
 
 
@@ -507,8 +515,8 @@ HEADER = (f"{'#':>3s} {'shape B,Hq,Hkv,Sq,Sk,D[,c]':30s} {'kernel':12s} {'tiles/
 def row_line(r):
     ts = f"{r['tiles']}/{r['slots']}" if r.get("tiles") is not None else "-"
     label = r["label"] + ("*" if r.get("trimmed_from") else "")
-    if r.get("error") or r.get("skipped"):
-        why = r.get("error") or r.get("skipped")
+    if "regret" not in r:
+        why = r.get("error") or r.get("skipped") or "not finished"
         return f"{r['index']:3d} {label:30s} {why}"
     flag = ""
     if r["regret"] > REGRET_LIMIT:
@@ -534,6 +542,11 @@ def summarize(rows):
                    over_limit=sum(1 for x in regrets if x > REGRET_LIMIT),
                    heuristic_is_best=sum(1 for r in done
                                          if r["heuristic_splits"] == r["best_splits"]))
+        selfs = [abs(r["self_ratio"] - 1.0) for r in done if "self_ratio" in r]
+        if selfs:
+            out["noise_median"] = statistics.median(selfs)
+            out["noise_max"] = max(selfs)
+            out["noise_shapes"] = len(selfs)
     return out
 
 
@@ -547,6 +560,14 @@ def summary_line(sm):
             f"{REGRET_LIMIT} (target 0); heuristic count = best count in "
             f"{sm['heuristic_is_best']}/{sm['shapes']}; {sm['errors']} errors, {sm['skipped']} "
             f"skipped, {sm['mismatches']} output mismatches")
+
+
+def noise_line(sm):
+    if "noise_median" not in sm:
+        return "noise: no shape timed the heuristic's count as a forced finalist"
+    return (f"noise: where the heuristic's count was also a forced finalist ({sm['noise_shapes']} "
+            f"shapes), the two timings of that one plan differ by {100 * sm['noise_median']:.1f}% "
+            f"(median), {100 * sm['noise_max']:.1f}% (max)")
 
 
 def print_report(rows, sm):
@@ -563,6 +584,8 @@ def print_report(rows, sm):
             alts = ", ".join(f"{e}:{t:.4f}" for t, e in close)
             print(f"  #{r['index']} {r['label']} regret {r['regret']:.3f}; finalists {alts}; "
                   f"plan: {r.get('reason', '')}")
+    if sm["shapes"]:
+        print(noise_line(sm))
     print(summary_line(sm), flush=True)
 
 
@@ -601,7 +624,7 @@ def parse_args(argv):
                          "this script, not a measurement)")
     args = ap.parse_args(argv)
     if args.quick and args.reps == DEFAULT_REPS:
-        args.reps = MIN_REPS
+        args.reps = QUICK_REPS
     if args.reps < 1:
         ap.error("--reps must be >= 1")
     return args
@@ -648,14 +671,23 @@ def main(argv=None):
             return 1
         device, timer = "cuda", CudaTimer(torch)
         dev_name = torch.cuda.get_device_name()
+    # Preflight: a build without GPU kernels would plan every shape on the CPU.
+    probe = torch.zeros(1, 1, 1, 64, device=device, dtype=torch.bfloat16)
+    plan = fmha_native.explain(probe, probe, probe, **({"device": "cpu"} if args.cpu_smoke else {}))
+    if plan.get("backend") != ("cpu" if args.cpu_smoke else "gpu"):
+        print(f"sweep_splits: fmha_native plans on {plan.get('backend')!r} here: "
+              f"{plan.get('reason')}", file=sys.stderr)
+        return 1
     info = fmha_native.info()
     meta = {"device": dev_name, "torch": torch.__version__,
             "fmha_native": info.get("version"), "backends": info.get("backends"),
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "candidates": list(CANDIDATES), "regret_limit": REGRET_LIMIT,
-            "geomean_target": GEOMEAN_TARGET, "argv": sys.argv[1:] if argv is None else argv}
-    print(f"device: {dev_name}  torch {torch.__version__}  fmha_native {meta['fmha_native']}  "
-          f"{len(chosen)} shapes", flush=True)
+            "geomean_target": GEOMEAN_TARGET, "argv": sys.argv[1:] if argv is None else argv,
+            "sm_count": plan.get("sm_count"), "arch": plan.get("arch")}
+    sms = f" ({meta['sm_count']} SMs)" if meta["sm_count"] else ""
+    print(f"device: {dev_name}{sms}  torch {torch.__version__}  "
+          f"fmha_native {meta['fmha_native']}  {len(chosen)} shapes", flush=True)
 
     # A wall-clock limit (timeout sends SIGTERM) still gets the table and the JSON.
     signal.signal(signal.SIGTERM, interrupt)
@@ -702,6 +734,9 @@ def main(argv=None):
     except KeyboardInterrupt:
         print("sweep_splits: interrupted; reporting what was measured", file=sys.stderr)
         broken = broken or "interrupted"
+        for r in rows:
+            if not any(key in r for key in ("regret", "error", "skipped")):
+                r["skipped"] = "interrupted"
     meta["sweep_s"] = time.monotonic() - t0
     sm = summarize(rows)
     write_json(args.json, meta, rows, sm)

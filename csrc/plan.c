@@ -129,7 +129,8 @@ static void plan_cpu(const fmha_fwd_params *p, const fmha_target *t, int request
     plan->kernel_id = FMHA_KERNEL_CPU_TILED;
     plan->block_m = FMHA_CPU_BLOCK_M;
     plan->block_n = FMHA_CPU_BLOCK_N;
-    plan->pack_gqa = 0;
+    /* The CPU tiles always interleave the query heads of a kv head into rows. */
+    plan->pack_gqa = p->heads_q > p->heads_kv;
     snprintf(plan->kernel, sizeof plan->kernel, "cpu_tiled<%s,%s>", dtype_name(p->dtype),
              fmha_cpu_simd_name());
 
@@ -141,7 +142,7 @@ static void plan_cpu(const fmha_fwd_params *p, const fmha_target *t, int request
         snprintf(why, sizeof why, "num_splits=%d forced (clamped to %lld key blocks)",
                  requested, (long long)key_blocks);
     } else {
-        int64_t tiles = p->batch * p->heads_q * ceil_div(p->seqlen_q, plan->block_m);
+        int64_t tiles = p->batch * p->heads_kv * ceil_div(tile_rows(p, 1), plan->block_m);
         plan->num_splits = choose_splits(tiles, threads, key_blocks, FMHA_MAX_SPLITS,
                                          why, sizeof why);
     }
