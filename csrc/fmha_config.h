@@ -45,9 +45,18 @@
 #define FMHA_CPU_BLOCK_N 64
 #define FMHA_CPU_MAX_HEAD_DIM 256
 
-/* Splits: upper bound on any split count (forced or chosen). */
+/* Splits: upper bound on any forced split count. */
 #define FMHA_MAX_SPLITS 256
-/* A split must own at least this many key blocks to pay for the combine. */
-#define FMHA_MIN_BLOCKS_PER_SPLIT 2
+/* Upper bound on a split count the heuristic chooses (the combine folds them). */
+#define FMHA_MAX_HEURISTIC_SPLITS 128
+/* A split the heuristic makes owns at least this many key blocks (pipeline
+ * fill and combine share per split; benchmarks/sweep_splits.py). */
+#define FMHA_MIN_BLOCKS_PER_SPLIT 4
+/* Fixed cost of one CTA (pipeline fill, epilogue) in key blocks, for the
+ * heuristic's time model (benchmarks/sweep_splits.py). */
+#define FMHA_SPLIT_OVERHEAD_BLOCKS 4
+/* A split plan is taken only if its modelled time is below this fraction of
+ * the unsplit plan's (the model omits the partials' traffic and the combine). */
+#define FMHA_SPLIT_MIN_GAIN 0.9
 
 #endif /* FMHA_CONFIG_H */

@@ -65,50 +65,41 @@ static double wave_efficiency(int64_t work, int64_t slots)
 }
 
 /*
- * Split count for a machine that runs `slots` tiles at once, given `tiles`
- * independent tiles of work and `key_blocks` key blocks per tile.  Tiles are
- * equal, so time goes with the number of waves: a split count pays when the
- * last wave of unsplit tiles leaves the machine idle.  Among the counts that
- * keep at least FMHA_MIN_BLOCKS_PER_SPLIT key blocks per split, take the
- * smallest whose wave efficiency is within 5% of the best (each extra split
- * costs scratch traffic and a share of the combine).
+ * Split count for `tiles` equal tiles of `key_blocks` key blocks each, on a
+ * machine that holds `slots` CTAs at once.  Time is modelled as
+ *
+ *   waves(tiles * s) * (ceil(key_blocks / s) + FMHA_SPLIT_OVERHEAD_BLOCKS)
+ *
+ * (each CTA pays a pipeline fill and an epilogue worth a few key blocks, and
+ * the last wave of a ragged grid leaves SMs idle); the smallest s with the
+ * least modelled time wins, if it beats no split by FMHA_SPLIT_MIN_GAIN.  The constants were fit with
+ * benchmarks/sweep_splits.py.
  */
-static int choose_splits(int64_t tiles, int64_t slots, int64_t key_blocks, int max_splits,
-                         char *why, size_t why_len)
+static int choose_splits(int64_t tiles, int64_t slots, int64_t key_blocks, char *why,
+                         size_t why_len)
 {
-    const double good_enough = 0.9;  /* an unsplit grid this busy stays unsplit */
-    const double near_best = 0.95;   /* accept this fraction of the best efficiency */
-    double eff1 = wave_efficiency(tiles, slots);
-    if (eff1 >= good_enough) {
-        snprintf(why, why_len, "%lld tiles on %lld slots keep %.0f%% of the machine busy: no split",
-                 (long long)tiles, (long long)slots, 100.0 * eff1);
-        return 1;
-    }
     int64_t limit = key_blocks / FMHA_MIN_BLOCKS_PER_SPLIT;
-    if (limit > max_splits)
-        limit = max_splits;
-    if (limit < 2) {
-        snprintf(why, why_len, "%lld tiles under-fill %lld slots, but %lld key blocks are too "
-                 "few to split", (long long)tiles, (long long)slots, (long long)key_blocks);
-        return 1;
-    }
-    double best = 0.0;
-    for (int64_t s = 1; s <= limit; s++) {
-        double eff = wave_efficiency(tiles * s, slots);
-        if (eff > best)
-            best = eff;
-    }
+    limit = limit < FMHA_MAX_HEURISTIC_SPLITS ? limit : FMHA_MAX_HEURISTIC_SPLITS;
+    limit = limit > 1 ? limit : 1;
+
     int chosen = 1;
-    for (int64_t s = 1; s <= limit; s++) {
-        if (wave_efficiency(tiles * s, slots) >= near_best * best) {
+    const int64_t unsplit_cost = ceil_div(tiles, slots) * (key_blocks + FMHA_SPLIT_OVERHEAD_BLOCKS);
+    /* A split plan must win clearly: the model leaves out the partials' traffic and the combine. */
+    int64_t best_cost = (int64_t)((double)unsplit_cost * FMHA_SPLIT_MIN_GAIN);
+    for (int64_t s = 2; s <= limit; s++) {
+        int64_t cost = ceil_div(tiles * s, slots) *
+                       (ceil_div(key_blocks, s) + FMHA_SPLIT_OVERHEAD_BLOCKS);
+        if (cost < best_cost) {
+            best_cost = cost;
             chosen = (int)s;
-            break;
         }
     }
-    snprintf(why, why_len, "%lld tiles on %lld slots: %d splits of ~%lld key blocks "
-             "(machine %.0f%% busy, %.0f%% unsplit)", (long long)tiles, (long long)slots, chosen,
-             (long long)ceil_div(key_blocks, chosen), 100.0 * wave_efficiency(tiles * chosen, slots),
-             100.0 * eff1);
+    snprintf(why, why_len, "%lld tiles x %lld key blocks on %lld slots: %d split%s of ~%lld "
+             "key blocks in %lld wave%s (machine %.0f%% busy)", (long long)tiles,
+             (long long)key_blocks, (long long)slots, chosen, chosen > 1 ? "s" : "",
+             (long long)ceil_div(key_blocks, chosen), (long long)ceil_div(tiles * chosen, slots),
+             ceil_div(tiles * chosen, slots) > 1 ? "s" : "",
+             100.0 * wave_efficiency(tiles * chosen, slots));
     return chosen;
 }
 
@@ -143,8 +134,7 @@ static void plan_cpu(const fmha_fwd_params *p, const fmha_target *t, int request
                  requested, (long long)key_blocks);
     } else {
         int64_t tiles = p->batch * p->heads_kv * ceil_div(tile_rows(p, 1), plan->block_m);
-        plan->num_splits = choose_splits(tiles, threads, key_blocks, FMHA_MAX_SPLITS,
-                                         why, sizeof why);
+        plan->num_splits = choose_splits(tiles, threads, key_blocks, why, sizeof why);
     }
     snprintf(plan->reason, sizeof plan->reason, "CPU: %dx%d tiles on %d threads; %s",
              plan->block_m, plan->block_n, threads, why);
@@ -305,8 +295,7 @@ static void plan_gpu(const fmha_fwd_params *p, const fmha_target *t, int request
         snprintf(why, sizeof why, "num_splits=%d forced (clamped to %lld key blocks)",
                  requested, (long long)key_blocks);
     } else {
-        plan->num_splits = choose_splits(n_tiles, slots, key_blocks, FMHA_MAX_SPLITS,
-                                         why, sizeof why);
+        plan->num_splits = choose_splits(n_tiles, slots, key_blocks, why, sizeof why);
     }
     snprintf(plan->kernel, sizeof plan->kernel, "fwd_%s<%s,d%lld%s%s>%s",
              decode ? "decode" : "mma",

@@ -18,8 +18,7 @@
 namespace fmha {
 namespace {
 
-constexpr int COMBINE_WARPS = 4;
-constexpr int COMBINE_THREADS = COMBINE_WARPS * FMHA_WARP_SIZE;
+constexpr int COMBINE_THREADS = 256;
 constexpr int COMBINE_UNROLL = 4; /* independent partial loads in flight per thread */
 
 /* max that keeps NaN (fmaxf drops it): a NaN partial must poison its row. */
@@ -45,30 +44,52 @@ __device__ __forceinline__ float warp_sum(float x)
 __device__ __forceinline__ float weighted(float weight, float x) { return weight == 0.f ? 0.f : weight * x; }
 
 /*
- * A CTA merges `rows_per_cta` rows (<= COMBINE_WARPS).  Phase 1: warp r turns
- * row r's split LSEs into its LSE and the split weights, kept in shared
- * memory.  Phase 2: all threads sweep (row, feature) pairs, each folding the
- * splits in order 0..num_splits-1 with COMBINE_UNROLL loads in flight.
+ * How a CTA's threads cover rows: `lanes` threads (head_dim rounded up to a
+ * warp, at most the CTA) sweep the features of one row; `groups` such teams
+ * fold disjoint subsets of the splits of the same row; the CTA holds
+ * `rows` such rows (at most one per warp, which computes that row's weights).
+ */
+struct combine_shape {
+    int lanes, groups, rows;
+    __host__ __device__ combine_shape(int64_t head_dim, int64_t num_splits)
+    {
+        int64_t l = (head_dim + FMHA_WARP_SIZE - 1) / FMHA_WARP_SIZE * FMHA_WARP_SIZE;
+        lanes = (int)(l < COMBINE_THREADS ? l : COMBINE_THREADS);
+        int64_t g = COMBINE_THREADS / lanes;
+        groups = (int)(g < num_splits ? g : (num_splits > 0 ? num_splits : 1));
+        int64_t r = COMBINE_THREADS / (lanes * groups);
+        const int max_rows = COMBINE_THREADS / FMHA_WARP_SIZE;
+        rows = (int)(r < max_rows ? r : max_rows);
+    }
+};
+
+/*
+ * Phase 1: warp r turns row r's split LSEs into its LSE and the split weights
+ * (shared memory).  Phase 2: group j of a row folds splits j, j + groups, ...
+ * in increasing order (COMBINE_UNROLL loads in flight); group sums are then
+ * added in group order.  The order is fixed, so results are deterministic.
  */
 template <typename TIn, typename TOut>
-__global__ void __launch_bounds__(COMBINE_THREADS)
-combine_kernel(const fmha_combine_params c, int rows_per_cta)
+__global__ void __launch_bounds__(COMBINE_THREADS) combine_kernel(const fmha_combine_params c)
 {
-    extern __shared__ float s_weight[]; /* [rows_per_cta][num_splits], then [rows_per_cta] lse */
-    float *s_lse = s_weight + rows_per_cta * c.num_splits;
+    const combine_shape shape(c.head_dim, c.num_splits);
+    extern __shared__ float smem[]; /* [rows][num_splits] weights, [rows] lse, [COMBINE_THREADS] sums */
+    float *s_weight = smem;
+    float *s_lse = smem + shape.rows * c.num_splits;
+    float *s_part = s_lse + shape.rows;
     const int64_t total_rows = c.batch * c.seqlen_q * c.heads;
-    const int64_t row0 = (int64_t)blockIdx.x * rows_per_cta;
+    const int64_t row0 = (int64_t)blockIdx.x * shape.rows;
     const int lane = threadIdx.x % FMHA_WARP_SIZE, warp = threadIdx.x / FMHA_WARP_SIZE;
 
-    auto row_coords = [&](int64_t row, int64_t &b, int64_t &i, int64_t &h) {
+    auto coords = [&](int64_t row, int64_t &b, int64_t &i, int64_t &h) {
         h = row % c.heads;
         i = row / c.heads % c.seqlen_q;
         b = row / c.heads / c.seqlen_q;
     };
 
-    if (warp < rows_per_cta && row0 + warp < total_rows) {
+    if (warp < shape.rows && row0 + warp < total_rows) {
         int64_t b, i, h;
-        row_coords(row0 + warp, b, i, h);
+        coords(row0 + warp, b, i, h);
         const float *lse_g = c.lse_partial + b * c.lp_batch_stride + h * c.lp_head_stride +
                              i * c.lp_row_stride;
         float top = -INFINITY;
@@ -92,52 +113,63 @@ combine_kernel(const fmha_combine_params c, int rows_per_cta)
     }
     __syncthreads();
 
-    const int64_t rows_here = total_rows - row0 < rows_per_cta ? total_rows - row0 : rows_per_cta;
-    for (int64_t idx = threadIdx.x; idx < rows_here * c.head_dim; idx += COMBINE_THREADS) {
-        const int r = (int)(idx / c.head_dim);
-        const int64_t d = idx % c.head_dim;
-        int64_t b, i, h;
-        row_coords(row0 + r, b, i, h);
-        const TIn *o_g = static_cast<const TIn *>(c.o_partial) + b * c.op_batch_stride +
-                         i * c.op_row_stride + h * c.op_head_stride + d;
-        const float *weight = s_weight + r * c.num_splits;
+    const int team = shape.lanes * shape.groups;
+    const int r = threadIdx.x / team, group = threadIdx.x % team / shape.lanes;
+    const int glane = threadIdx.x % shape.lanes;
+    const bool active = r < shape.rows && row0 + r < total_rows;
+    int64_t b = 0, i = 0, h = 0;
+    if (active)
+        coords(row0 + r, b, i, h);
+    const TIn *o_row = static_cast<const TIn *>(c.o_partial) + b * c.op_batch_stride +
+                       i * c.op_row_stride + h * c.op_head_stride;
+    TOut *out = static_cast<TOut *>(c.out) + b * c.o_batch_stride + i * c.o_row_stride +
+                h * c.o_head_stride;
+    const float *weight = s_weight + (active ? r : 0) * c.num_splits;
+    const bool empty = !active || s_lse[r] == -INFINITY;
+    for (int64_t d0 = 0; d0 < c.head_dim; d0 += shape.lanes) {
+        const int64_t d = d0 + glane;
         float acc = 0.f;
-        if (s_lse[r] != -INFINITY) {
-            int64_t g = 0;
-            for (; g + COMBINE_UNROLL <= c.num_splits; g += COMBINE_UNROLL) {
+        if (d < c.head_dim && !empty) {
+            const int64_t step = shape.groups;
+            int64_t g = group;
+            for (; g + (COMBINE_UNROLL - 1) * step < c.num_splits; g += COMBINE_UNROLL * step) {
                 float x[COMBINE_UNROLL];
 #pragma unroll
                 for (int u = 0; u < COMBINE_UNROLL; u++)
-                    x[u] = load_float(o_g[(g + u) * c.op_split_stride]);
+                    x[u] = load_float(o_row[(g + u * step) * c.op_split_stride + d]);
 #pragma unroll
                 for (int u = 0; u < COMBINE_UNROLL; u++)
-                    acc += weighted(weight[g + u], x[u]);
+                    acc += weighted(weight[g + u * step], x[u]);
             }
-            for (; g < c.num_splits; g++)
-                acc += weighted(weight[g], load_float(o_g[g * c.op_split_stride]));
+            for (; g < c.num_splits; g += step)
+                acc += weighted(weight[g], load_float(o_row[g * c.op_split_stride + d]));
         }
-        TOut *out = static_cast<TOut *>(c.out) + b * c.o_batch_stride + i * c.o_row_stride +
-                    h * c.o_head_stride;
-        out[d] = store_as<TOut>(acc);
+        s_part[threadIdx.x] = acc;
+        __syncthreads();
+        if (active && group == 0 && d < c.head_dim) {
+            float total = 0.f;
+            for (int j = 0; j < shape.groups; j++)
+                total += s_part[r * team + j * shape.lanes + glane];
+            out[d] = store_as<TOut>(total);
+        }
+        __syncthreads();
     }
 }
 
 template <typename TIn, typename TOut> fmha_status launch_typed(const fmha_combine_params &c)
 {
     const int64_t rows = c.batch * c.seqlen_q * c.heads;
-    /* Enough rows per CTA to give every thread a feature, at most one row per warp. */
-    int rows_per_cta = (int)(COMBINE_THREADS / (c.head_dim > 0 ? c.head_dim : 1));
-    rows_per_cta = rows_per_cta < 1 ? 1 : rows_per_cta > COMBINE_WARPS ? COMBINE_WARPS : rows_per_cta;
-    const int64_t ctas = (rows + rows_per_cta - 1) / rows_per_cta;
+    const combine_shape shape(c.head_dim, c.num_splits);
+    const int64_t ctas = (rows + shape.rows - 1) / shape.rows;
     if (ctas == 0)
         return FMHA_OK;
     if (ctas > INT32_MAX) {
         record_error("combine grid too large", hipSuccess);
         return FMHA_ERR_UNSUPPORTED;
     }
-    const size_t smem = sizeof(float) * (size_t)rows_per_cta * (size_t)(c.num_splits + 1);
+    const size_t smem = sizeof(float) * ((size_t)shape.rows * (size_t)(c.num_splits + 1) + COMBINE_THREADS);
     combine_kernel<TIn, TOut><<<dim3((unsigned)ctas), dim3(COMBINE_THREADS), smem,
-                                (hipStream_t)c.stream>>>(c, rows_per_cta);
+                                (hipStream_t)c.stream>>>(c);
     return check_launch("combine_kernel");
 }
 
