@@ -8,7 +8,7 @@ Environment:
   FMHA_HIP_ARCHS   semicolon list of AMD targets, default "gfx90a;gfx942"
   FMHA_NVCC_THREADS parallel kernel compiles (default: CPU count)
   FMHA_KERNEL_FLAGS extra flags for nvcc/hipcc (tuning experiments, e.g.
-                   -DFMHA_WGMMA_CTAS_PER_SM=1)
+                   -lineinfo)
 """
 import os
 import shutil

@@ -16,16 +16,17 @@
 
 /*
  * GPU tensor-core producer, one row per head_dim:
- *   X(head_dim, block_m, block_n, warps, stages)
+ *   X(head_dim, block_m, block_n, warps, stages, ctas)
  *   head_dim  features per head (compile-time in the kernel)
  *   block_m   query rows per CTA; each warp owns block_m / warps rows
  *   block_n   keys per main-loop step
  *   warps     warps per CTA
  *   stages    K/V shared-memory buffers in flight (cp.async pipeline depth)
+ *   ctas      CTAs per SM the register budget is cut for (__launch_bounds__)
  */
 #define FMHA_GPU_MMA_CONFIGS(X) \
-    X(64, 128, 128, 8, 2)       \
-    X(128, 128, 64, 8, 2)
+    X(64, 128, 128, 8, 2, 1)    \
+    X(128, 128, 64, 8, 2, 1)
 
 /*
  * GPU decode tiles, for few rows per kv head (decode, speculative decoding):
@@ -34,8 +35,8 @@
  * fields as above.
  */
 #define FMHA_GPU_DECODE_CONFIGS(X) \
-    X(64, 16, 64, 1, 4)            \
-    X(128, 16, 32, 1, 4)
+    X(64, 16, 64, 1, 4, 1)         \
+    X(128, 16, 32, 1, 4, 1)
 
 /* Packed rows per kv head up to which the planner picks the decode tiles. */
 #define FMHA_GPU_DECODE_MAX_ROWS 16

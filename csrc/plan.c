@@ -68,15 +68,16 @@ static double wave_efficiency(int64_t work, int64_t slots)
  * Split count for `tiles` equal tiles of `key_blocks` key blocks each, on a
  * machine that holds `slots` CTAs at once.  Time is modelled as
  *
- *   waves(tiles * s) * (ceil(key_blocks / s) + FMHA_SPLIT_OVERHEAD_BLOCKS)
+ *   waves(tiles * s) * (ceil(key_blocks / s) + FMHA_SPLIT_OVERHEAD_BLOCKS + partial_cost)
  *
- * (each CTA pays a pipeline fill and an epilogue worth a few key blocks, and
- * the last wave of a ragged grid leaves SMs idle); the smallest s with the
+ * (each CTA pays a pipeline fill and an epilogue worth a few key blocks, a
+ * split CTA also writes fp32 partials that the combine reads back, and the
+ * last wave of a ragged grid leaves SMs idle); the smallest s with the
  * least modelled time wins, if it beats no split by FMHA_SPLIT_MIN_GAIN.  The constants were fit with
  * benchmarks/sweep_splits.py.
  */
-static int choose_splits(int64_t tiles, int64_t slots, int64_t key_blocks, char *why,
-                         size_t why_len)
+static int choose_splits(int64_t tiles, int64_t slots, int64_t key_blocks, int64_t partial_cost,
+                         char *why, size_t why_len)
 {
     int64_t limit = key_blocks / FMHA_MIN_BLOCKS_PER_SPLIT;
     limit = limit < FMHA_MAX_HEURISTIC_SPLITS ? limit : FMHA_MAX_HEURISTIC_SPLITS;
@@ -88,7 +89,7 @@ static int choose_splits(int64_t tiles, int64_t slots, int64_t key_blocks, char 
     int64_t best_cost = (int64_t)((double)unsplit_cost * FMHA_SPLIT_MIN_GAIN);
     for (int64_t s = 2; s <= limit; s++) {
         int64_t cost = ceil_div(tiles * s, slots) *
-                       (ceil_div(key_blocks, s) + FMHA_SPLIT_OVERHEAD_BLOCKS);
+                       (ceil_div(key_blocks, s) + FMHA_SPLIT_OVERHEAD_BLOCKS + partial_cost);
         if (cost < best_cost) {
             best_cost = cost;
             chosen = (int)s;
@@ -101,6 +102,14 @@ static int choose_splits(int64_t tiles, int64_t slots, int64_t key_blocks, char 
              ceil_div(tiles * chosen, slots) > 1 ? "s" : "",
              100.0 * wave_efficiency(tiles * chosen, slots));
     return chosen;
+}
+
+/* Key blocks' worth of time a split CTA spends on its fp32 partials (written,
+ * then read by the combine): block_m rows of fp32 against block_n rows of K
+ * and V in 16 bits, about 2 * block_m / block_n. */
+static int64_t split_partial_cost(int block_m, int block_n)
+{
+    return ceil_div(2 * (int64_t)block_m, block_n);
 }
 
 /* A forced split count, clamped to the key blocks there are. */
@@ -134,7 +143,9 @@ static void plan_cpu(const fmha_fwd_params *p, const fmha_target *t, int request
                  requested, (long long)key_blocks);
     } else {
         int64_t tiles = p->batch * p->heads_kv * ceil_div(tile_rows(p, 1), plan->block_m);
-        plan->num_splits = choose_splits(tiles, threads, key_blocks, why, sizeof why);
+        plan->num_splits = choose_splits(tiles, threads, key_blocks,
+                                         split_partial_cost(plan->block_m, plan->block_n),
+                                         why, sizeof why);
     }
     snprintf(plan->reason, sizeof plan->reason, "CPU: %dx%d tiles on %d threads; %s",
              plan->block_m, plan->block_n, threads, why);
@@ -150,8 +161,8 @@ typedef struct gpu_tiles {
 static int gpu_mma_config(int64_t head_dim, gpu_tiles *t, int *row)
 {
     int r = 0;
-#define FMHA_MATCH(hd, bm, bn, w, st) \
-    if (head_dim == (hd)) { *t = (gpu_tiles){bm, bn, w, st}; *row = r; return 1; } r++;
+#define FMHA_MATCH(hd, bm, bn, w, st, ctas) \
+    if (head_dim == (hd)) { *t = (gpu_tiles){bm, bn, w, st}; *row = r; return 1; } r++; (void)(ctas);
     FMHA_GPU_MMA_CONFIGS(FMHA_MATCH)
 #undef FMHA_MATCH
     return 0;
@@ -159,7 +170,7 @@ static int gpu_mma_config(int64_t head_dim, gpu_tiles *t, int *row)
 
 static int gpu_decode_config(int64_t head_dim, gpu_tiles *t)
 {
-#define FMHA_MATCH(hd, bm, bn, w, st) \
+#define FMHA_MATCH(hd, bm, bn, w, st, ctas) \
     if (head_dim == (hd)) { *t = (gpu_tiles){bm, bn, w, st}; return 1; }
     FMHA_GPU_DECODE_CONFIGS(FMHA_MATCH)
 #undef FMHA_MATCH
@@ -170,7 +181,7 @@ static void gpu_head_dims(char *buf, size_t len)
 {
     size_t used = 0;
     buf[0] = '\0';
-#define FMHA_LIST(hd, bm, bn, warps, stages) \
+#define FMHA_LIST(hd, bm, bn, warps, stages, ctas) \
     used += (size_t)snprintf(buf + used, used < len ? len - used : 0, "%s%d", used ? ", " : "", hd);
     FMHA_GPU_MMA_CONFIGS(FMHA_LIST)
 #undef FMHA_LIST
@@ -295,7 +306,9 @@ static void plan_gpu(const fmha_fwd_params *p, const fmha_target *t, int request
         snprintf(why, sizeof why, "num_splits=%d forced (clamped to %lld key blocks)",
                  requested, (long long)key_blocks);
     } else {
-        plan->num_splits = choose_splits(n_tiles, slots, key_blocks, why, sizeof why);
+        plan->num_splits = choose_splits(n_tiles, slots, key_blocks,
+                                         split_partial_cost(tiles.block_m, tiles.block_n),
+                                         why, sizeof why);
     }
     snprintf(plan->kernel, sizeof plan->kernel, "fwd_%s<%s,d%lld%s%s>%s",
              decode ? "decode" : "mma",

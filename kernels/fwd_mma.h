@@ -30,9 +30,10 @@ constexpr float LN2 = 0.693147180559945309f;
 constexpr int ELEMS_PER_CHUNK = 8; /* 16-byte copies of 16-bit elements */
 
 /* Compile-time tile configuration: one instantiation per row of the tables in fmha_config.h. */
-template <int HEAD_DIM, int BLOCK_M, int BLOCK_N, int WARPS, int STAGES> struct tile_config {
+template <int HEAD_DIM, int BLOCK_M, int BLOCK_N, int WARPS, int STAGES, int CTAS>
+struct tile_config {
     static constexpr int head_dim = HEAD_DIM, block_m = BLOCK_M, block_n = BLOCK_N;
-    static constexpr int warps = WARPS, stages = STAGES;
+    static constexpr int warps = WARPS, stages = STAGES, ctas_per_sm = CTAS;
     static_assert(BLOCK_M % (16 * WARPS) == 0, "each warp owns whole 16-row mma tiles");
     static_assert(BLOCK_N % 16 == 0 && HEAD_DIM % 16 == 0, "tiles are whole mma k-steps");
     static_assert(STAGES >= 1, "at least one K/V stage");
@@ -373,20 +374,8 @@ template <typename cfg> __host__ __device__ constexpr bool use_wgmma()
            (cfg::head_dim == 64 || cfg::head_dim == 128) && (cfg::block_n == 64 || cfg::block_n == 128);
 }
 
-/*
- * Two wgmma CTAs per SM let one CTA's softmax overlap the other's matrix
- * work, so the wgmma build caps registers at half the file per CTA.
- */
-#ifndef FMHA_WGMMA_CTAS_PER_SM
-#define FMHA_WGMMA_CTAS_PER_SM 1
-#endif
-template <typename cfg> __host__ __device__ constexpr int min_ctas_per_sm()
-{
-    return use_wgmma<cfg>() ? FMHA_WGMMA_CTAS_PER_SM : 1;
-}
-
 template <typename T, typename cfg, bool CAUSAL, bool SPLIT>
-__global__ void __launch_bounds__(cfg::warps * 32, min_ctas_per_sm<cfg>())
+__global__ void __launch_bounds__(cfg::warps * 32, cfg::ctas_per_sm)
 fwd_mma_kernel(const fmha_fwd_params p)
 {
     constexpr int HEAD_DIM = cfg::head_dim;

@@ -22,9 +22,9 @@ namespace fmha {
 namespace {
 
 /* The rows of the two config tables for this head_dim (exactly one each). */
-#define FMHA_PICK(hd, bm, bn, w, st) \
-    typename std::conditional<hd == FMHA_HEAD_DIM, tile_config<hd, bm, bn, w, st>,
-#define FMHA_CLOSE(hd, bm, bn, w, st) >::type
+#define FMHA_PICK(hd, bm, bn, w, st, ctas) \
+    typename std::conditional<hd == FMHA_HEAD_DIM, tile_config<hd, bm, bn, w, st, ctas>,
+#define FMHA_CLOSE(hd, bm, bn, w, st, ctas) >::type
 using prefill_config = FMHA_GPU_MMA_CONFIGS(FMHA_PICK) void FMHA_GPU_MMA_CONFIGS(FMHA_CLOSE);
 using decode_config = FMHA_GPU_DECODE_CONFIGS(FMHA_PICK) void FMHA_GPU_DECODE_CONFIGS(FMHA_CLOSE);
 #undef FMHA_PICK

@@ -78,7 +78,7 @@ copy_rows_kernel(int64_t rows, int64_t heads, int64_t head_dim, int64_t total,
 fmha_status launch_producer(const fmha_fwd_params &p)
 {
     switch (p.head_dim) {
-#define FMHA_CASE(hd, bm, bn, w, st) \
+#define FMHA_CASE(hd, bm, bn, w, st, ctas) \
     case hd: return launch_fwd_mma_d##hd(p);
         FMHA_GPU_MMA_CONFIGS(FMHA_CASE)
 #undef FMHA_CASE

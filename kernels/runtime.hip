@@ -104,7 +104,7 @@ fmha_status fmha_rt_query_device(int ordinal, fmha_device_info *info)
     if (st != FMHA_OK)
         return st;
     int row = 0;
-#define FMHA_OCCUPANCY(hd, bm, bn, w, s)                                         \
+#define FMHA_OCCUPANCY(hd, bm, bn, w, s, ctas)                                         \
     if (row < FMHA_GPU_MAX_CONFIGS) {                                         \
         info->ctas_per_sm[0][row] = fmha::occupancy_fwd_mma_d##hd(false);    \
         info->ctas_per_sm[1][row] = fmha::occupancy_fwd_mma_d##hd(true);     \
