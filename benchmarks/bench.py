@@ -139,6 +139,42 @@ def bench_shape(shape, reps, check):
     return row
 
 
+def bench_varlen(reps, batch=32, heads_q=32, heads_kv=8, capacity=32768, d=128, seed=0):
+    """Issue 4's ragged decode batch: one query per sequence, key lengths uniform
+    in [1, capacity].  Time should follow the sum of the lengths, not batch x the
+    longest: compare with the same call on a batch whose every length is the
+    mean, and with the peers, which get the padded cache (they cannot skip it)."""
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    q = torch.randn(batch, 1, heads_q, d, device="cuda", dtype=torch.bfloat16, generator=gen)
+    k = torch.randn(batch, capacity, heads_kv, d, device="cuda", dtype=torch.bfloat16, generator=gen)
+    v = torch.randn(batch, capacity, heads_kv, d, device="cuda", dtype=torch.bfloat16, generator=gen)
+    lengths = torch.randint(1, capacity + 1, (batch,), generator=torch.Generator().manual_seed(seed),
+                            dtype=torch.int32)
+    mean = int(lengths.float().mean().round())
+    ragged = lengths.cuda()
+    uniform = torch.full((batch,), mean, dtype=torch.int32, device="cuda")
+    out = torch.empty_like(q)
+    lse = torch.empty(batch, heads_q, 1, device="cuda", dtype=torch.float32)
+    row = {"shape": [batch, heads_q, heads_kv, 1, capacity, d, False], "kernel": "varlen",
+           "sum_lengths": int(lengths.sum()), "mean_length": mean,
+           "splits": fmha_native.explain(q, k, v, cache_seqlens=ragged)["num_splits"]}
+    row["ours_ms"] = time_ms(lambda: fmha_native.forward(q, k, v, cache_seqlens=ragged, out=out, lse=lse),
+                             reps, True)
+    row["ours_uniform_ms"] = time_ms(
+        lambda: fmha_native.forward(q, k, v, cache_seqlens=uniform, out=out, lse=lse), reps, True)
+    for name, backend in (("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
+        try:
+            fn, _ = peer_fn(backend, q, k, v, False)
+            row[name + "_ms"] = time_ms(fn, reps, True)
+        except RuntimeError as exc:
+            row[name + "_ms"] = None
+            row[name + "_note"] = str(exc).splitlines()[0][:80]
+    used = 2 * row["sum_lengths"] * heads_kv * d * 2 + 2 * batch * heads_q * d * 2
+    row["ours_gbs"] = used / row["ours_ms"] / 1e6
+    row["ragged_over_uniform"] = row["ours_ms"] / row["ours_uniform_ms"]
+    return row
+
+
 def fmt(x, spec):
     return format(x, spec) if x is not None else "-"
 
@@ -158,6 +194,7 @@ def plot(rows, path):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    rows = [r for r in rows if "best_peer_ms" in r]
     labels = ["{},{},{},{},{},{}{}".format(*r["shape"][:6], ",c" if r["shape"][6] else "") for r in rows]
     x = range(len(rows))
     fig, ax = plt.subplots(figsize=(max(8, len(rows) * 1.1), 4.5))
@@ -185,6 +222,7 @@ def main():
     ap.add_argument("--plot")
     ap.add_argument("--no-check", action="store_true")
     ap.add_argument("--only", help="comma list of row indices of the chosen set")
+    ap.add_argument("--varlen", action="store_true", help="also the ragged-batch decode row")
     args = ap.parse_args()
     shapes = {"gpu": GPU_SHAPES, "decode": DECODE_SHAPES, "all": GPU_SHAPES + DECODE_SHAPES}[args.set]
     if args.only:
@@ -193,9 +231,18 @@ def main():
     for s in shapes:
         rows.append(bench_shape(s, args.reps, not args.no_check))
         print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
+    varlen = bench_varlen(args.reps) if args.varlen else None
     print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}  "
           f"cuDNN {torch.backends.cudnn.version()}  fmha_native {fmha_native.info()['version']}")
     print_table(rows)
+    if varlen:
+        print(f"ragged batch {varlen['shape'][:3]} lengths uniform in [1, {varlen['shape'][4]}] "
+              f"(sum {varlen['sum_lengths']}): ours {varlen['ours_ms']:.3f} ms "
+              f"({varlen['ours_gbs']:.0f} GB/s of keys read), same batch at the mean length "
+              f"{varlen['ours_uniform_ms']:.3f} ms (ratio {varlen['ragged_over_uniform']:.2f}); "
+              f"padded peers: flash {fmt(varlen.get('flash_ms'), '.3f')} ms, "
+              f"cudnn {fmt(varlen.get('cudnn_ms'), '.3f')} ms")
+        rows.append(varlen)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__,

@@ -41,12 +41,16 @@ if has sanitize; then
   compute-sanitizer --tool memcheck --error-exitcode 3 python3 benchmarks/gpu_check.py --quick > "$OUT/memcheck.log" 2>&1 || status=1
   grep -E "ERROR SUMMARY|gpu_check:" "$OUT/memcheck.log" | tail -5
 fi
+if has cpubench; then
+  python3 benchmarks/bench_cpu.py --threads 16 > "$OUT/bench_cpu.log" 2>&1 || status=1
+  tail -15 "$OUT/bench_cpu.log"
+fi
 if has sweep; then
   python3 benchmarks/sweep_splits.py --json "$OUT/sweep.json" > "$OUT/sweep.log" 2>&1 || status=1
   tail -20 "$OUT/sweep.log"
 fi
 if has bench; then
-  python3 benchmarks/bench.py --json "$OUT/bench.json" --plot "$OUT/bench.png" > "$OUT/bench.log" 2> "$OUT/bench_rows.log" || status=1
+  python3 benchmarks/bench.py --varlen --json "$OUT/bench.json" --plot "$OUT/bench.png" > "$OUT/bench.log" 2> "$OUT/bench_rows.log" || status=1
   cat "$OUT/bench.log"; tail -3 "$OUT/bench_rows.log"
 fi
 exit $status

@@ -58,7 +58,8 @@ def main():
     cases = []
     for dtype, d, causal in itertools.product((torch.bfloat16, torch.float16), (64, 128), (False, True)):
         for (b, hq, hkv, sq, sk) in ((2, 4, 4, 113, 1000), (1, 8, 2, 1, 4097), (2, 8, 1, 17, 300),
-                                     (1, 4, 4, 300, 100), (1, 16, 2, 1000, 1000), (3, 4, 4, 1, 77)):
+                                     (1, 4, 4, 300, 100), (1, 16, 2, 1000, 1000), (3, 4, 4, 1, 77),
+                                     (2, 8, 2, 16, 2000), (1, 4, 4, 50, 700)):
             for splits in (0, 1, 2, 3, 256):
                 cases.append((dtype, d, causal, b, hq, hkv, sq, sk, splits))
     if "--quick" in sys.argv:

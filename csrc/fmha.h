@@ -147,9 +147,9 @@ typedef struct fmha_device_info {
     int64_t l2_bytes;
     char name[256];
     char arch[64];          /* "sm_90" or gcnArchName */
-    /* Resident CTAs per SM of the compiled producer, [0] prefill / [1] decode
-     * tiles, indexed by the row of the tile table (0 = unknown). */
-    int ctas_per_sm[2][FMHA_GPU_MAX_CONFIGS];
+    /* Resident CTAs per SM of the compiled producer, [kernel id - 1] (prefill,
+     * decode, mid tiles), indexed by the row of the tile table (0 = unknown). */
+    int ctas_per_sm[3][FMHA_GPU_MAX_CONFIGS];
 } fmha_device_info;
 
 /* One requirement of a backend's capability gate. */

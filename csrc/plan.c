@@ -168,11 +168,16 @@ static int gpu_mma_config(int64_t head_dim, gpu_tiles *t, int *row)
     return 0;
 }
 
-static int gpu_decode_config(int64_t head_dim, gpu_tiles *t)
+/* The decode or mid tiles for head_dim (every head_dim of the prefill table has both). */
+static int gpu_short_config(int kernel, int64_t head_dim, gpu_tiles *t)
 {
 #define FMHA_MATCH(hd, bm, bn, w, st, ctas) \
     if (head_dim == (hd)) { *t = (gpu_tiles){bm, bn, w, st}; return 1; }
-    FMHA_GPU_DECODE_CONFIGS(FMHA_MATCH)
+    if (kernel == FMHA_KERNEL_GPU_DECODE) {
+        FMHA_GPU_DECODE_CONFIGS(FMHA_MATCH)
+    } else {
+        FMHA_GPU_MID_CONFIGS(FMHA_MATCH)
+    }
 #undef FMHA_MATCH
     return 0;
 }
@@ -223,11 +228,11 @@ static int gpu_rows_aligned(const fmha_fwd_params *p)
 
 /* Resident CTAs per SM of the tensor-core kernel: measured by the runtime
  * (registers and shared memory) when known, else as its shared memory allows. */
-static int gpu_ctas_per_sm(const fmha_device_info *dev, int decode, int row, int64_t head_dim,
+static int gpu_ctas_per_sm(const fmha_device_info *dev, int kernel, int row, int64_t head_dim,
                            const gpu_tiles *t)
 {
-    if (row < FMHA_GPU_MAX_CONFIGS && dev->ctas_per_sm[decode][row] > 0)
-        return dev->ctas_per_sm[decode][row];
+    if (row < FMHA_GPU_MAX_CONFIGS && dev->ctas_per_sm[kernel - 1][row] > 0)
+        return dev->ctas_per_sm[kernel - 1][row];
     /* Q tile + `stages` K and V tiles, 2-byte elements. */
     int64_t smem = (int64_t)(t->block_m + 2 * t->stages * t->block_n) * head_dim * 2;
     int64_t per_sm = dev->max_smem_per_sm > 0 ? dev->max_smem_per_sm : dev->max_smem_per_block;
@@ -288,9 +293,13 @@ static void plan_gpu(const fmha_fwd_params *p, const fmha_target *t, int request
      */
     int64_t group = p->heads_q / p->heads_kv;
     gpu_tiles tiles = tiles_mma;
-    int decode = p->seqlen_q * group <= FMHA_GPU_DECODE_MAX_ROWS &&
-                 gpu_decode_config(p->head_dim, &tiles);
-    plan->kernel_id = decode ? FMHA_KERNEL_GPU_DECODE : FMHA_KERNEL_GPU_MMA;
+    const int64_t packed_rows = p->seqlen_q * group;
+    int kernel = packed_rows <= FMHA_GPU_DECODE_MAX_ROWS ? FMHA_KERNEL_GPU_DECODE
+                 : packed_rows <= FMHA_GPU_MID_MAX_ROWS  ? FMHA_KERNEL_GPU_MID
+                                                         : FMHA_KERNEL_GPU_MMA;
+    if (kernel != FMHA_KERNEL_GPU_MMA && !gpu_short_config(kernel, p->head_dim, &tiles))
+        kernel = FMHA_KERNEL_GPU_MMA;
+    plan->kernel_id = kernel;
     plan->pack_gqa = group > 1 && p->seqlen_q * group <= tiles.block_m;
     plan->block_m = tiles.block_m;
     plan->block_n = tiles.block_n;
@@ -299,7 +308,7 @@ static void plan_gpu(const fmha_fwd_params *p, const fmha_target *t, int request
     int64_t row_tiles = ceil_div(tile_rows(p, plan->pack_gqa), tiles.block_m);
     int64_t n_tiles = p->batch * (plan->pack_gqa ? p->heads_kv : p->heads_q) * row_tiles;
     int64_t slots = (int64_t)dev->sm_count *
-                    gpu_ctas_per_sm(dev, decode, config_row, p->head_dim, &tiles);
+                    gpu_ctas_per_sm(dev, kernel, config_row, p->head_dim, &tiles);
     char why[160];
     if (requested > 0) {
         plan->num_splits = clamp_forced_splits(requested, key_blocks);
@@ -311,11 +320,13 @@ static void plan_gpu(const fmha_fwd_params *p, const fmha_target *t, int request
                                          why, sizeof why);
     }
     snprintf(plan->kernel, sizeof plan->kernel, "fwd_%s<%s,d%lld%s%s>%s",
-             decode ? "decode" : "mma",
+             kernel == FMHA_KERNEL_GPU_DECODE ? "decode" : kernel == FMHA_KERNEL_GPU_MID ? "mid" : "mma",
              dtype_name(p->dtype), (long long)p->head_dim, p->causal ? ",causal" : "",
              plan->pack_gqa ? ",pack_gqa" : "", plan->num_splits > 1 ? "+combine" : "");
     snprintf(plan->reason, sizeof plan->reason, "%s tensor-core tiles %dx%d%s; %s",
-             decode ? "decode (few rows per kv head)" : "prefill",
+             kernel == FMHA_KERNEL_GPU_DECODE ? "decode (few rows per kv head)"
+             : kernel == FMHA_KERNEL_GPU_MID  ? "mid (one warpgroup of rows)"
+                                              : "prefill",
              tiles.block_m, tiles.block_n, plan->pack_gqa ? ", query heads of a kv head packed" : "", why);
 }
 

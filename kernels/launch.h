@@ -23,10 +23,10 @@ fmha_status use_device(int device);
 fmha_status check_launch(const char *kernel);
 
 /* One producer launcher per FMHA_GPU_MMA_CONFIGS row, defined in fwd_d<hd>.hip,
- * and the occupancy (resident CTAs per SM) of its prefill or decode tiles. */
+ * and the occupancy (resident CTAs per SM) of the tiles of a GPU kernel id. */
 #define FMHA_DECLARE_LAUNCHER(hd, bm, bn, w, st, ctas)                      \
     fmha_status launch_fwd_mma_d##hd(const fmha_fwd_params &p);      \
-    int occupancy_fwd_mma_d##hd(bool decode);
+    int occupancy_fwd_mma_d##hd(int kernel);
 FMHA_GPU_MMA_CONFIGS(FMHA_DECLARE_LAUNCHER)
 #undef FMHA_DECLARE_LAUNCHER
 

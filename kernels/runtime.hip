@@ -105,10 +105,8 @@ fmha_status fmha_rt_query_device(int ordinal, fmha_device_info *info)
         return st;
     int row = 0;
 #define FMHA_OCCUPANCY(hd, bm, bn, w, s, ctas)                                         \
-    if (row < FMHA_GPU_MAX_CONFIGS) {                                         \
-        info->ctas_per_sm[0][row] = fmha::occupancy_fwd_mma_d##hd(false);    \
-        info->ctas_per_sm[1][row] = fmha::occupancy_fwd_mma_d##hd(true);     \
-    }                                                                         \
+    for (int kernel = 1; row < FMHA_GPU_MAX_CONFIGS && kernel <= FMHA_GPU_KERNELS; kernel++) \
+        info->ctas_per_sm[kernel - 1][row] = fmha::occupancy_fwd_mma_d##hd(kernel);          \
     row++;
     FMHA_GPU_MMA_CONFIGS(FMHA_OCCUPANCY)
 #undef FMHA_OCCUPANCY
