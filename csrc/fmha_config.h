@@ -37,8 +37,8 @@
  * fields as above.
  */
 #define FMHA_GPU_DECODE_CONFIGS(X) \
-    X(64, 16, 64, 1, 4, 1)         \
-    X(128, 16, 32, 1, 4, 1)
+    X(64, 16, 64, 1, 3, 1)         \
+    X(128, 16, 32, 1, 3, 1)
 
 /* Packed rows per kv head up to which the planner picks the decode tiles. */
 #define FMHA_GPU_DECODE_MAX_ROWS 16
