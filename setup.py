@@ -103,6 +103,17 @@ class FmhaBuildExt(build_ext):
             _log("building the CPU backend only")
         super().build_extension(ext)
 
+    def _compile_kernels(self, compiler, build_dir):
+        """Compile every kernels/*.hip with `compiler` (+ FMHA_KERNEL_FLAGS); the objects."""
+        flags = compiler + os.environ.get("FMHA_KERNEL_FLAGS", "").split()
+        commands, objects = [], []
+        for src in KERNEL_SOURCES:
+            obj = os.path.join(build_dir, os.path.basename(src) + ".o")
+            commands.append(flags + ["-c", src, "-o", obj])
+            objects.append(obj)
+        self._compile_all(commands)
+        return objects
+
     def _compile_all(self, commands):
         threads = int(os.environ.get("FMHA_NVCC_THREADS", os.cpu_count() or 1))
         def run(cmd):
@@ -128,14 +139,7 @@ class FmhaBuildExt(build_ext):
         common = ["-std=c++17", "-O3", "-Xcompiler", "-fPIC", "-Icsrc", "-Ikernels",
                   "-DFMHA_WITH_CUDA=1", "--expt-relaxed-constexpr", "-Werror=all-warnings",
                   "-Xptxas=-warn-spills,-warn-lmem-usage"] + cuda_gencode_flags(archs)
-        common += os.environ.get("FMHA_KERNEL_FLAGS", "").split()
-        commands, objects = [], []
-        for src in KERNEL_SOURCES:
-            obj = os.path.join(build_dir, os.path.basename(src) + ".o")
-            commands.append([nvcc, "-x", "cu"] + common + ["-c", src, "-o", obj])
-            objects.append(obj)
-        self._compile_all(commands)
-        ext.extra_objects += objects
+        ext.extra_objects += self._compile_kernels([nvcc, "-x", "cu"] + common, build_dir)
         ext.define_macros.append(("FMHA_WITH_CUDA", "1"))
         ext.include_dirs.append(os.path.join(cuda_home, "include"))
         libdir = os.path.join(cuda_home, "lib64")
@@ -165,14 +169,7 @@ class FmhaBuildExt(build_ext):
             raise SystemExit(f"hipcc can target none of FMHA_HIP_ARCHS={archs}")
         common = ["-std=c++17", "-O3", "-fPIC", "-Icsrc", "-Ikernels", "-DFMHA_WITH_HIP=1",
                   "-Wall", "-Werror"] + [f"--offload-arch={a}" for a in usable]
-        common += os.environ.get("FMHA_KERNEL_FLAGS", "").split()
-        commands, objects = [], []
-        for src in KERNEL_SOURCES:
-            obj = os.path.join(build_dir, os.path.basename(src) + ".o")
-            commands.append([hipcc, "-x", "hip"] + common + ["-c", src, "-o", obj])
-            objects.append(obj)
-        self._compile_all(commands)
-        ext.extra_objects += objects
+        ext.extra_objects += self._compile_kernels([hipcc, "-x", "hip"] + common, build_dir)
         ext.define_macros += [("FMHA_WITH_HIP", "1"),
                               ("FMHA_HIP_ARCHS_BUILT", '"' + ";".join(usable) + '"')]
         rocm = os.path.dirname(os.path.dirname(os.path.realpath(hipcc)))

@@ -112,10 +112,17 @@ static int64_t split_partial_cost(int block_m, int block_n)
     return ceil_div(2 * (int64_t)block_m, block_n);
 }
 
-/* A forced split count, clamped to the key blocks there are. */
-static int clamp_forced_splits(int requested, int64_t key_blocks)
+/* The split count: the caller's, clamped to the key blocks there are, or the heuristic's. */
+static int plan_splits(int requested, int64_t tiles, int64_t slots, int64_t key_blocks,
+                       int block_m, int block_n, char *why, size_t why_len)
 {
-    return requested > key_blocks ? (int)key_blocks : requested;
+    if (requested > 0) {
+        snprintf(why, why_len, "num_splits=%d forced (clamped to %lld key blocks)", requested,
+                 (long long)key_blocks);
+        return requested > key_blocks ? (int)key_blocks : requested;
+    }
+    return choose_splits(tiles, slots, key_blocks, split_partial_cost(block_m, block_n), why,
+                         why_len);
 }
 
 static void plan_cpu(const fmha_fwd_params *p, const fmha_target *t, int requested,
@@ -137,16 +144,9 @@ static void plan_cpu(const fmha_fwd_params *p, const fmha_target *t, int request
     int64_t key_blocks = fmha_num_key_blocks(p, plan->block_n);
     int threads = t->num_threads > 0 ? t->num_threads : 1;
     char why[160];
-    if (requested > 0) {
-        plan->num_splits = clamp_forced_splits(requested, key_blocks);
-        snprintf(why, sizeof why, "num_splits=%d forced (clamped to %lld key blocks)",
-                 requested, (long long)key_blocks);
-    } else {
-        int64_t tiles = p->batch * p->heads_kv * ceil_div(tile_rows(p, 1), plan->block_m);
-        plan->num_splits = choose_splits(tiles, threads, key_blocks,
-                                         split_partial_cost(plan->block_m, plan->block_n),
-                                         why, sizeof why);
-    }
+    int64_t tiles = p->batch * p->heads_kv * ceil_div(tile_rows(p, 1), plan->block_m);
+    plan->num_splits = plan_splits(requested, tiles, threads, key_blocks, plan->block_m,
+                                   plan->block_n, why, sizeof why);
     snprintf(plan->reason, sizeof plan->reason, "CPU: %dx%d tiles on %d threads; %s",
              plan->block_m, plan->block_n, threads, why);
 }
@@ -310,15 +310,8 @@ static void plan_gpu(const fmha_fwd_params *p, const fmha_target *t, int request
     int64_t slots = (int64_t)dev->sm_count *
                     gpu_ctas_per_sm(dev, kernel, config_row, p->head_dim, &tiles);
     char why[160];
-    if (requested > 0) {
-        plan->num_splits = clamp_forced_splits(requested, key_blocks);
-        snprintf(why, sizeof why, "num_splits=%d forced (clamped to %lld key blocks)",
-                 requested, (long long)key_blocks);
-    } else {
-        plan->num_splits = choose_splits(n_tiles, slots, key_blocks,
-                                         split_partial_cost(tiles.block_m, tiles.block_n),
-                                         why, sizeof why);
-    }
+    plan->num_splits = plan_splits(requested, n_tiles, slots, key_blocks, tiles.block_m,
+                                   tiles.block_n, why, sizeof why);
     snprintf(plan->kernel, sizeof plan->kernel, "fwd_%s<%s,d%lld%s%s>%s",
              kernel == FMHA_KERNEL_GPU_DECODE ? "decode" : kernel == FMHA_KERNEL_GPU_MID ? "mid" : "mma",
              dtype_name(p->dtype), (long long)p->head_dim, p->causal ? ",causal" : "",
