@@ -154,24 +154,33 @@ class FmhaBuildExt(build_ext):
         if not hipcc:
             raise SystemExit("FMHA_BACKENDS asks for hip but hipcc was not found "
                              "(set ROCM_PATH or put hipcc on PATH)")
+        # hipcc picks the NVIDIA platform when nvcc is found and no plain clang++ is
+        # (Debian ships clang++-15); this backend is the AMD one.
+        os.environ["HIP_PLATFORM"] = "amd"
         archs = [a.strip() for a in os.environ.get("FMHA_HIP_ARCHS", "gfx90a;gfx942").split(";")
                  if a.strip()]
+        # A file, not stdin: hipcc applies its HIP flags only to sources it recognises.
+        probe_src = os.path.join(build_dir, "arch_probe.hip")
+        with open(probe_src, "w") as f:
+            f.write("#include <hip/hip_runtime.h>\n__global__ void fmha_arch_probe() {}\n")
         usable = []
         for arch in archs:
-            probe = subprocess.run([hipcc, f"--offload-arch={arch}", "-x", "hip", "-c",
-                                    "-o", os.devnull, "-"], input="__global__ void k(){}\n",
-                                   capture_output=True, text=True)
+            probe = subprocess.run([hipcc, f"--offload-arch={arch}", "-c", probe_src,
+                                    "-o", os.devnull], capture_output=True, text=True)
             if probe.returncode == 0:
                 usable.append(arch)
             else:
-                _log(f"hipcc cannot target {arch}; skipping it")
+                _log(f"hipcc cannot target {arch}; skipping it "
+                     f"({(probe.stderr.strip().splitlines() or ['?'])[0]})")
         if not usable:
             raise SystemExit(f"hipcc can target none of FMHA_HIP_ARCHS={archs}")
+        built = ";".join(usable)
         common = ["-std=c++17", "-O3", "-fPIC", "-Icsrc", "-Ikernels", "-DFMHA_WITH_HIP=1",
-                  "-Wall", "-Werror"] + [f"--offload-arch={a}" for a in usable]
+                  f'-DFMHA_HIP_ARCHS_BUILT="{built}"', "-Wall", "-Werror"] + \
+                 [f"--offload-arch={a}" for a in usable]
         ext.extra_objects += self._compile_kernels([hipcc, "-x", "hip"] + common, build_dir)
         ext.define_macros += [("FMHA_WITH_HIP", "1"),
-                              ("FMHA_HIP_ARCHS_BUILT", '"' + ";".join(usable) + '"')]
+                              ("FMHA_HIP_ARCHS_BUILT", f'"{built}"')]
         rocm = os.path.dirname(os.path.dirname(os.path.realpath(hipcc)))
         for inc in (os.path.join(rocm, "include"), "/usr/include/hip"):
             if os.path.isdir(inc):

@@ -240,6 +240,28 @@ static int gpu_ctas_per_sm(const fmha_device_info *dev, int kernel, int row, int
     return ctas < 1 ? 1 : ctas;
 }
 
+#ifndef FMHA_HIP_ARCHS_BUILT
+#define FMHA_HIP_ARCHS_BUILT "" /* not a HIP build: no AMD code objects */
+#endif
+
+/*
+ * Whether the AMD kernels were built for a device's gcnArchName (e.g.
+ * "gfx90a:sramecc+:xnack-"; code objects are built feature-agnostic, so only
+ * the processor before the first ':' counts).  Launching without a code object
+ * would make the HIP runtime abort, so the gate refuses it here.
+ */
+static int hip_arch_built(const char *arch)
+{
+    size_t len = strcspn(arch, ":");
+    for (const char *p = FMHA_HIP_ARCHS_BUILT; *p;) {
+        size_t n = strcspn(p, ";");
+        if (n == len && strncmp(p, arch, len) == 0)
+            return 1;
+        p += n + (p[n] == ';');
+    }
+    return 0;
+}
+
 static void plan_gpu(const fmha_fwd_params *p, const fmha_target *t, int requested,
                      fmha_plan *plan)
 {
@@ -258,7 +280,9 @@ static void plan_gpu(const fmha_fwd_params *p, const fmha_target *t, int request
         gate_add(plan, "arch", ok, "compute capability %d.%d %s 8.0 (mma.sync m16n8k16, cp.async)",
                  dev->cc_major, dev->cc_minor, ok ? ">=" : "<");
     } else if (dev) {
-        gate_add(plan, "arch", 1, "%s", dev->arch);
+        int ok = hip_arch_built(dev->arch);
+        gate_add(plan, "arch", ok, "%s %s the archs built (%s)", dev->arch,
+                 ok ? "is among" : "is not among", FMHA_HIP_ARCHS_BUILT);
     }
 
     int dt_ok = p->dtype == FMHA_DTYPE_F16 || p->dtype == FMHA_DTYPE_BF16;
@@ -282,8 +306,8 @@ static void plan_gpu(const fmha_fwd_params *p, const fmha_target *t, int request
     if (!plan->supported) {
         snprintf(plan->reason, sizeof plan->reason,
                  "the GPU kernels do not cover this problem (see gate); GPU kernels support "
-                 "float16/bfloat16 with head_dim in {%s} on sm_80 or newer; device=\"cpu\" "
-                 "runs it", dims);
+                 "float16/bfloat16 with head_dim in {%s} on %s; device=\"cpu\" runs it", dims,
+                 dev && dev->is_amd ? "AMD " FMHA_HIP_ARCHS_BUILT : "sm_80 or newer");
         return;
     }
 

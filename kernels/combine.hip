@@ -28,7 +28,7 @@ __device__ __forceinline__ float warp_max(float x)
 {
 #pragma unroll
     for (int off = FMHA_WARP_SIZE / 2; off > 0; off /= 2)
-        x = nan_max(x, __shfl_xor_sync(0xffffffffu, x, off));
+        x = nan_max(x, fmha_shfl_xor(x, off));
     return x;
 }
 
@@ -36,7 +36,7 @@ __device__ __forceinline__ float warp_sum(float x)
 {
 #pragma unroll
     for (int off = FMHA_WARP_SIZE / 2; off > 0; off /= 2)
-        x += __shfl_xor_sync(0xffffffffu, x, off);
+        x += fmha_shfl_xor(x, off);
     return x;
 }
 

@@ -12,12 +12,12 @@ namespace fmha {
 
 __device__ __forceinline__ float load_float(float x) { return x; }
 __device__ __forceinline__ float load_float(fmha_half x) { return __half2float(x); }
-__device__ __forceinline__ float load_float(fmha_bf16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float load_float(fmha_bf16 x) { return fmha_bf162float(x); }
 
 template <typename T> __device__ __forceinline__ T store_as(float x);
 template <> __device__ __forceinline__ float store_as<float>(float x) { return x; }
 template <> __device__ __forceinline__ fmha_half store_as<fmha_half>(float x) { return __float2half_rn(x); }
-template <> __device__ __forceinline__ fmha_bf16 store_as<fmha_bf16>(float x) { return __float2bfloat16_rn(x); }
+template <> __device__ __forceinline__ fmha_bf16 store_as<fmha_bf16>(float x) { return fmha_float2bf16(x); }
 
 }  // namespace fmha
 

@@ -19,8 +19,12 @@
 #include "fmha.h"
 #include "fmha_config.h"
 #include "hip_compat.h"
+#if FMHA_DEVICE_IS_AMD
+#include "mma_amd.h" /* MFMA engine; same fragment interface */
+#else
 #include "mma_nvidia.h"
 #include "mma_sm90.h"
+#endif
 
 #include <math.h>
 
@@ -196,33 +200,40 @@ template <int BLOCK_N> __device__ __forceinline__ int clamp_to_block(int64_t x)
 /*
  * S entries of keys at block offset >= keys_left (past the end) or above a
  * row's causal limit become -inf.  Offsets are block-relative ints, so the
- * compares are cheap; lane % 4 holds key columns 2 * (lane % 4) + {0, 1} of
- * each 8-key tile.
+ * compares are cheap; float e of each MMA_N-key tile is key column
+ * acc_col(lane) + e % ACC_COLS of row slot e / ACC_COLS (mma_*.h).
  */
 template <bool CAUSAL, int MT, int NT>
 __device__ __forceinline__ void mask_block(float (&s)[MT][NT][4], int keys_left,
-                                           const int64_t (&key_limit)[MT][2], int64_t key0, int lane)
+                                           const int64_t (&key_limit)[MT][ACC_ROWS], int64_t key0, int lane)
 {
     constexpr int BLOCK_N = NT * MMA_N;
-    int last_visible[MT][2];
+    int last_visible[MT][ACC_ROWS];
 #pragma unroll
     for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-        for (int half = 0; half < 2; half++)
+        for (int half = 0; half < ACC_ROWS; half++)
             last_visible[mt][half] = CAUSAL ? clamp_to_block<BLOCK_N>(key_limit[mt][half] - key0) : BLOCK_N;
-    const int col = (lane % LANES_PER_ROW) * 2;
+    const int col = acc_col(lane);
 #pragma unroll
     for (int mt = 0; mt < MT; mt++)
 #pragma unroll
         for (int nt = 0; nt < NT; nt++)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
-                const int key = nt * MMA_N + col + (e & 1);
-                if (key >= keys_left || key > last_visible[mt][e >> 1])
+                const int key = nt * MMA_N + col + e % ACC_COLS;
+                if (key >= keys_left || key > last_visible[mt][e / ACC_COLS])
                     s[mt][nt][e] = -INFINITY;
             }
 }
 
+#if FMHA_DEVICE_IS_AMD
+template <typename T, typename cfg, bool WGMMA> struct tile_math
+    : mfma_tile_math<T, cfg, smem_tile<cfg::block_m, cfg::head_dim>, smem_tile<cfg::block_n, cfg::head_dim>> {
+    using mfma_tile_math<T, cfg, smem_tile<cfg::block_m, cfg::head_dim>,
+                         smem_tile<cfg::block_n, cfg::head_dim>>::mfma_tile_math;
+};
+#else
 /* P (the C fragments of 8-key tiles 2kn, 2kn+1) as the A fragment of 16-key step kn. */
 template <typename T, int MT, int NT>
 __device__ __forceinline__ void p_fragment(uint32_t (&a)[4], const float (&s)[MT][NT][4], int mt, int kn)
@@ -366,6 +377,7 @@ template <typename T, typename cfg> struct tile_math<T, cfg, true> {
     }
 };
 #endif
+#endif /* FMHA_DEVICE_IS_AMD */
 
 /* Whether this build target and tile config run the wgmma engine. */
 template <typename cfg> __host__ __device__ constexpr bool use_wgmma()
@@ -375,12 +387,12 @@ template <typename cfg> __host__ __device__ constexpr bool use_wgmma()
 }
 
 template <typename T, typename cfg, bool CAUSAL, bool SPLIT>
-__global__ void __launch_bounds__(cfg::warps * 32, cfg::ctas_per_sm)
+__global__ void __launch_bounds__(cfg::warps * WARP_LANES, cfg::ctas_per_sm)
 fwd_mma_kernel(const fmha_fwd_params p)
 {
     constexpr int HEAD_DIM = cfg::head_dim;
-    constexpr int BLOCK_M = cfg::block_m, BLOCK_N = cfg::block_n, STAGES = cfg::stages;
-    constexpr int THREADS = cfg::warps * 32;
+    constexpr int BLOCK_M = cfg::block_m, BLOCK_N = cfg::block_n, STAGES = ring_stages(cfg::stages);
+    constexpr int THREADS = cfg::warps * WARP_LANES;
     constexpr int WARP_M = BLOCK_M / cfg::warps;
     constexpr int MT = WARP_M / MMA_M;   /* 16-row mma tiles per warp */
     constexpr int NT = BLOCK_N / MMA_N;  /* 8-key column tiles of S */
@@ -394,7 +406,7 @@ fwd_mma_kernel(const fmha_fwd_params p)
     T *s_v = s_k + STAGES * kv_tile::ELEMS;
 
     const cta_work w = make_work<BLOCK_M, BLOCK_N, CAUSAL>(p);
-    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    const int lane = threadIdx.x % WARP_LANES, warp = threadIdx.x / WARP_LANES;
     const T *q = static_cast<const T *>(p.q);
     const T *k = static_cast<const T *>(p.k) + w.b * p.k_batch_stride + w.kv_head() * p.k_head_stride;
     const T *v = static_cast<const T *>(p.v) + w.b * p.v_batch_stride + w.kv_head() * p.v_head_stride;
@@ -423,13 +435,13 @@ fwd_mma_kernel(const fmha_fwd_params p)
         copy_async_commit();
     }
 
-    /* This thread's rows: tile row warp*WARP_M + mt*16 + lane/4 (+8 for the second half). */
-    int64_t key_limit[MT][2]; /* last key each row may see (causal) */
+    /* This thread's rows: tile row warp*WARP_M + mt*16 + acc_row(lane) + half*ACC_ROW_STRIDE. */
+    int64_t key_limit[MT][ACC_ROWS]; /* last key each row may see (causal) */
 #pragma unroll
     for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-        for (int half = 0; half < 2; half++) {
-            int64_t row = w.row0 + warp * WARP_M + mt * MMA_M + lane / 4 + half * 8;
+        for (int half = 0; half < ACC_ROWS; half++) {
+            int64_t row = w.row0 + warp * WARP_M + mt * MMA_M + acc_row(lane) + half * ACC_ROW_STRIDE;
             key_limit[mt][half] = w.query_of(row < w.rows ? row : w.rows - 1) + w.len_k - p.seqlen_q;
         }
     /* Blocks ending at or before this key need no mask; the first row sees the fewest keys. */
@@ -438,7 +450,7 @@ fwd_mma_kernel(const fmha_fwd_params p)
                                          : w.len_k;
 
     float o[MT][DT][4];
-    float row_max[MT][2], row_sum[MT][2];
+    float row_max[MT][ACC_ROWS], row_sum[MT][ACC_ROWS];
 #pragma unroll
     for (int mt = 0; mt < MT; mt++) {
 #pragma unroll
@@ -446,8 +458,11 @@ fwd_mma_kernel(const fmha_fwd_params p)
 #pragma unroll
             for (int e = 0; e < 4; e++)
                 o[mt][dt][e] = 0.f;
-        row_max[mt][0] = row_max[mt][1] = -INFINITY;
-        row_sum[mt][0] = row_sum[mt][1] = 0.f;
+#pragma unroll
+        for (int half = 0; half < ACC_ROWS; half++) {
+            row_max[mt][half] = -INFINITY;
+            row_sum[mt][half] = 0.f;
+        }
     }
 
     constexpr bool WGMMA = use_wgmma<cfg>();
@@ -481,11 +496,16 @@ fwd_mma_kernel(const fmha_fwd_params p)
 #pragma unroll
         for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-            for (int half = 0; half < 2; half++) {
+            for (int half = 0; half < ACC_ROWS; half++) {
                 float m_new = row_max[mt][half];
 #pragma unroll
-                for (int nt = 0; nt < NT; nt++)
-                    m_new = fmaxf(m_new, fmaxf(s[mt][nt][2 * half], s[mt][nt][2 * half + 1]));
+                for (int nt = 0; nt < NT; nt++) {
+                    float m_tile = s[mt][nt][half * ACC_COLS];
+#pragma unroll
+                    for (int c = 1; c < ACC_COLS; c++)
+                        m_tile = fmaxf(m_tile, s[mt][nt][half * ACC_COLS + c]);
+                    m_new = fmaxf(m_new, m_tile);
+                }
                 m_new = quad_max(m_new);
                 /* A row that has seen only masked keys keeps m = -inf; shift by 0 then. */
                 const float shift = m_new == -INFINITY ? 0.f : m_new;
@@ -493,15 +513,15 @@ fwd_mma_kernel(const fmha_fwd_params p)
                 row_max[mt][half] = m_new;
                 row_sum[mt][half] *= rescale;
 #pragma unroll
-                for (int dt = 0; dt < DT; dt++) {
-                    o[mt][dt][2 * half] *= rescale;
-                    o[mt][dt][2 * half + 1] *= rescale;
-                }
+                for (int dt = 0; dt < DT; dt++)
+#pragma unroll
+                    for (int c = 0; c < ACC_COLS; c++)
+                        o[mt][dt][half * ACC_COLS + c] *= rescale;
                 float sum = 0.f;
 #pragma unroll
                 for (int nt = 0; nt < NT; nt++)
 #pragma unroll
-                    for (int e = 2 * half; e < 2 * half + 2; e++) {
+                    for (int e = half * ACC_COLS; e < (half + 1) * ACC_COLS; e++) {
                         float pe = exp2_fast(s[mt][nt][e] - shift);
                         s[mt][nt][e] = pe;
                         sum += pe;
@@ -523,32 +543,30 @@ fwd_mma_kernel(const fmha_fwd_params p)
 #pragma unroll
     for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-        for (int half = 0; half < 2; half++) {
-            const int64_t row = w.row0 + warp * WARP_M + mt * MMA_M + lane / 4 + half * 8;
+        for (int half = 0; half < ACC_ROWS; half++) {
+            const int64_t row = w.row0 + warp * WARP_M + mt * MMA_M + acc_row(lane) + half * ACC_ROW_STRIDE;
             const float l = quad_sum(row_sum[mt][half]);
             if (row >= w.rows)
                 continue;
             const int64_t i = w.query_of(row), h = w.head_of(row);
             const float inv = l == 0.f ? 0.f : 1.f / l;
             const float lse = l == 0.f ? -INFINITY : (row_max[mt][half] + log2f(l)) * LN2;
-            const int col0 = (lane % 4) * 2;
+            const int col0 = acc_col(lane);
             if (SPLIT) {
                 const int64_t prow = ((int64_t)w.split * p.batch + w.b) * p.seqlen_q + i;
                 float *dst = p.o_accum + (prow * p.heads_q + h) * HEAD_DIM + col0;
 #pragma unroll
                 for (int dt = 0; dt < DT; dt++)
-                    *reinterpret_cast<float2 *>(dst + dt * MMA_N) =
-                        make_float2(o[mt][dt][2 * half] * inv, o[mt][dt][2 * half + 1] * inv);
-                if (lane % 4 == 0)
+                    store_row(dst, dt * MMA_N, &o[mt][dt][half * ACC_COLS], inv);
+                if (acc_row_leader(lane))
                     p.lse_accum[(((int64_t)w.split * p.batch + w.b) * p.heads_q + h) * p.seqlen_q + i] = lse;
             } else {
                 T *dst = static_cast<T *>(p.out) + w.b * p.o_batch_stride + i * p.o_row_stride +
                          h * p.o_head_stride + col0;
 #pragma unroll
                 for (int dt = 0; dt < DT; dt++)
-                    *reinterpret_cast<uint32_t *>(dst + dt * MMA_N) =
-                        mma_type<T>::pack(o[mt][dt][2 * half] * inv, o[mt][dt][2 * half + 1] * inv);
-                if (p.lse && lane % 4 == 0)
+                    store_row(dst, dt * MMA_N, &o[mt][dt][half * ACC_COLS], inv);
+                if (p.lse && acc_row_leader(lane))
                     p.lse[w.b * p.lse_batch_stride + h * p.lse_head_stride + i * p.lse_row_stride] = lse;
             }
         }
@@ -558,7 +576,7 @@ fwd_mma_kernel(const fmha_fwd_params p)
 template <typename cfg> constexpr int fwd_mma_smem_bytes()
 {
     return smem_tile<cfg::block_m, cfg::head_dim>::BYTES +
-           2 * cfg::stages * smem_tile<cfg::block_n, cfg::head_dim>::BYTES;
+           2 * ring_stages(cfg::stages) * smem_tile<cfg::block_n, cfg::head_dim>::BYTES;
 }
 
 }  // namespace fmha

@@ -47,7 +47,7 @@ template <typename cfg> int occupancy()
     auto kernel = fwd_mma_kernel<fmha_bf16, cfg, false, true>;
     int ctas = 0;
     if (allow_smem(kernel, smem) != hipSuccess ||
-        hipOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, kernel, cfg::warps * 32, smem) != hipSuccess) {
+        hipOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, kernel, cfg::warps * WARP_LANES, smem) != hipSuccess) {
         (void)hipGetLastError();
         return 0;
     }
@@ -75,7 +75,7 @@ fmha_status launch_variant(const fmha_fwd_params &p)
         record_error("fwd_mma grid too large (split the batch)", hipSuccess);
         return FMHA_ERR_UNSUPPORTED;
     }
-    kernel<<<dim3((unsigned)ctas), dim3(cfg::warps * 32), smem, (hipStream_t)p.stream>>>(p);
+    kernel<<<dim3((unsigned)ctas), dim3(cfg::warps * WARP_LANES), smem, (hipStream_t)p.stream>>>(p);
     return check_launch("fwd_mma_kernel");
 }
 

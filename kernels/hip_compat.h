@@ -17,12 +17,31 @@
 
 #include <hip/hip_runtime.h>
 #include <hip/hip_fp16.h>
-#include <hip/hip_bf16.h>
 
 typedef __half fmha_half;
-typedef __hip_bfloat16 fmha_bf16;
 #define FMHA_PLATFORM "hip"
 #define FMHA_DEVICE_IS_AMD 1
+
+/*
+ * bfloat16: HIP 5.7+ has CUDA's __hip_bfloat16 (hip_bf16.h, without the _rn
+ * spelling of the conversion, which rounds to nearest even anyway); older HIP
+ * (Debian's 5.2) has only hip_bfloat16, whose float constructor rounds to
+ * nearest even.  fmha_float2bf16 / fmha_bf162float spell both.
+ */
+#if __has_include(<hip/hip_bf16.h>)
+#include <hip/hip_bf16.h>
+typedef __hip_bfloat16 fmha_bf16;
+__host__ __device__ inline fmha_bf16 fmha_float2bf16(float x) { return __float2bfloat16(x); }
+__host__ __device__ inline float fmha_bf162float(fmha_bf16 x) { return __bfloat162float(x); }
+#else
+#include <hip/hip_bfloat16.h>
+typedef hip_bfloat16 fmha_bf16;
+__host__ __device__ inline fmha_bf16 fmha_float2bf16(float x) { return hip_bfloat16(x); }
+__host__ __device__ inline float fmha_bf162float(fmha_bf16 x) { return static_cast<float>(x); }
+#endif
+
+/* Lane exchange within the whole wave (HIP has no _sync variants before 6.2). */
+#define fmha_shfl_xor(x, lane_mask) __shfl_xor((x), (lane_mask))
 
 #else /* NVIDIA: CUDA behind the HIP names */
 
@@ -63,6 +82,10 @@ typedef cudaMemcpyKind hipMemcpyKind;
 #define hipFuncSetAttribute cudaFuncSetAttribute
 #define hipOccupancyMaxActiveBlocksPerMultiprocessor cudaOccupancyMaxActiveBlocksPerMultiprocessor
 #define hipFuncAttributeMaxDynamicSharedMemorySize cudaFuncAttributeMaxDynamicSharedMemorySize
+
+#define fmha_float2bf16 __float2bfloat16_rn
+#define fmha_bf162float __bfloat162float
+#define fmha_shfl_xor(x, lane_mask) __shfl_xor_sync(0xffffffffu, (x), (lane_mask))
 
 #endif
 

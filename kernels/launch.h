@@ -19,6 +19,16 @@ fmha_status record_error(const char *what, hipError_t err);
 /* Make `device` current for the calls that follow. */
 fmha_status use_device(int device);
 
+/* Before a launch: FMHA_OK, or FMHA_ERR_UNSUPPORTED when this build has no
+ * code object for the device (on AMD: its gcnArchName is not among
+ * FMHA_HIP_ARCHS_BUILT), where launching would make the HIP runtime abort. */
+#if FMHA_DEVICE_IS_AMD
+fmha_status check_code_object(int device);
+bool arch_built(const char *gcn_arch_name);
+#else
+inline fmha_status check_code_object(int) { return FMHA_OK; } /* the planner gates sm_80+ */
+#endif
+
 /* After a launch: FMHA_OK, or the launch error recorded. */
 fmha_status check_launch(const char *kernel);
 

@@ -126,6 +126,8 @@ fmha_combine_params scratch_combine(const fmha_fwd_params &p)
 extern "C" fmha_status fmha_rt_launch_fwd(const fmha_fwd_params *p)
 {
     fmha_status st = fmha::use_device(p->device);
+    if (st == FMHA_OK)
+        st = fmha::check_code_object(p->device);
     if (st == FMHA_OK && p->k_new)
         st = fmha::launch_append(*p);
     if (st == FMHA_OK)
@@ -141,6 +143,8 @@ extern "C" fmha_status fmha_rt_copy_rows(int device, void *stream, int64_t batch
 {
     constexpr int64_t MAX_CTAS = 1 << 16;
     fmha_status st = fmha::use_device(device);
+    if (st == FMHA_OK)
+        st = fmha::check_code_object(device);
     const int64_t total = batch * rows * heads * head_dim;
     if (st != FMHA_OK || total == 0)
         return st;
@@ -154,5 +158,7 @@ extern "C" fmha_status fmha_rt_copy_rows(int device, void *stream, int64_t batch
 extern "C" fmha_status fmha_rt_launch_combine(const fmha_combine_params *c)
 {
     fmha_status st = fmha::use_device(c->device);
+    if (st == FMHA_OK)
+        st = fmha::check_code_object(c->device);
     return st == FMHA_OK ? fmha::launch_combine(*c) : st;
 }

@@ -29,6 +29,23 @@ constexpr int MMA_M = 16;
 constexpr int MMA_N = 8;
 constexpr int MMA_K = 16;
 constexpr int LANES_PER_ROW = 4;
+constexpr int WARP_LANES = 32;
+
+/*
+ * The accumulator fragment as the softmax sees it (fwd_mma.h; mma_amd.h has
+ * the same names): of each 16 x MMA_N C tile a lane holds ACC_ROWS rows times
+ * ACC_COLS adjacent columns, float e = r * ACC_COLS + c.
+ */
+constexpr int ACC_ROWS = 2;
+constexpr int ACC_COLS = 2;
+constexpr int ACC_ROW_STRIDE = 8; /* rows acc_row(lane) + r * ACC_ROW_STRIDE */
+__device__ __forceinline__ int acc_row(int lane) { return lane / LANES_PER_ROW; }
+__device__ __forceinline__ int acc_col(int lane) { return (lane % LANES_PER_ROW) * ACC_COLS; }
+/* The lane that writes a row's single values (the LSE). */
+__device__ __forceinline__ bool acc_row_leader(int lane) { return lane % LANES_PER_ROW == 0; }
+
+/* K/V shared-memory ring depth: the configured stages (cp.async overlaps them). */
+constexpr int ring_stages(int stages) { return stages; }
 
 template <typename T> struct mma_type;
 template <> struct mma_type<fmha_half> {
@@ -47,6 +64,16 @@ template <> struct mma_type<fmha_bf16> {
     }
     __device__ static fmha_bf16 from_float(float x) { return __float2bfloat16_rn(x); }
 };
+
+/* Store the ACC_COLS values of one accumulator row, scaled by inv, at dst[col] on. */
+__device__ __forceinline__ void store_row(float *dst, int col, const float *v, float inv)
+{
+    *reinterpret_cast<float2 *>(dst + col) = make_float2(v[0] * inv, v[1] * inv);
+}
+template <typename T> __device__ __forceinline__ void store_row(T *dst, int col, const float *v, float inv)
+{
+    *reinterpret_cast<uint32_t *>(dst + col) = mma_type<T>::pack(v[0] * inv, v[1] * inv);
+}
 
 template <typename T>
 __device__ __forceinline__ void mma_AB(float c[4], const uint32_t a[4], const uint32_t b[2]);

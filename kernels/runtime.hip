@@ -7,6 +7,7 @@
 #include "hip_compat.h"
 #include "launch.h"
 
+#include <atomic>
 #include <mutex>
 #include <stdint.h>
 #include <stdio.h>
@@ -56,6 +57,47 @@ fmha_status use_device(int device)
     return FMHA_OK;
 }
 
+#if FMHA_DEVICE_IS_AMD
+#ifndef FMHA_HIP_ARCHS_BUILT
+#error "the build passes FMHA_HIP_ARCHS_BUILT, the ';' list of --offload-arch targets"
+#endif
+
+bool arch_built(const char *gcn_arch_name)
+{
+    /* "gfx90a:sramecc+:xnack-" -> "gfx90a": code objects are built feature-agnostic. */
+    size_t len = strcspn(gcn_arch_name, ":");
+    for (const char *p = FMHA_HIP_ARCHS_BUILT; *p;) {
+        size_t n = strcspn(p, ";");
+        if (n == len && strncmp(p, gcn_arch_name, len) == 0)
+            return true;
+        p += n + (p[n] == ';');
+    }
+    return false;
+}
+
+fmha_status check_code_object(int device)
+{
+    /* Per device: 0 not checked yet, 1 built, -1 not built (properties never change). */
+    static std::atomic<signed char> known[MAX_DEVICES];
+    if (device < 0 || device >= MAX_DEVICES)
+        return record_error("device ordinal out of range", hipSuccess);
+    signed char k = known[device].load(std::memory_order_relaxed);
+    hipDeviceProp_t prop;
+    if (k == 0) {
+        hipError_t err = hipGetDeviceProperties(&prop, device);
+        if (err != hipSuccess)
+            return record_error("hipGetDeviceProperties", err);
+        k = arch_built(prop.gcnArchName) ? 1 : -1;
+        known[device].store(k, std::memory_order_relaxed);
+    }
+    if (k > 0)
+        return FMHA_OK;
+    snprintf(g_error, sizeof g_error, "no code object for this device's arch in this build "
+             "(built: %s)", FMHA_HIP_ARCHS_BUILT);
+    return FMHA_ERR_UNSUPPORTED;
+}
+#endif
+
 }  // namespace fmha
 
 using fmha::use_device;
@@ -89,13 +131,20 @@ fmha_status fmha_rt_query_device(int ordinal, fmha_device_info *info)
     info->is_amd = FMHA_DEVICE_IS_AMD;
     info->sm_count = prop.multiProcessorCount;
     info->warp_size = prop.warpSize;
-    info->max_smem_per_block = (int)prop.sharedMemPerBlockOptin;
-    info->max_smem_per_sm = (int)prop.sharedMemPerMultiprocessor;
     info->l2_bytes = prop.l2CacheSize;
     snprintf(info->name, sizeof info->name, "%s", prop.name);
 #if FMHA_DEVICE_IS_AMD
+    /* HIP 5.x names; a workgroup's LDS limit is also its opt-in limit. */
+    info->max_smem_per_block = (int)prop.sharedMemPerBlock;
+    info->max_smem_per_sm = (int)prop.maxSharedMemoryPerMultiProcessor;
     snprintf(info->arch, sizeof info->arch, "%s", prop.gcnArchName);
+    /* Without a code object for this arch the occupancy queries below would
+     * make the HIP runtime abort; the planner refuses the device instead. */
+    if (!fmha::arch_built(prop.gcnArchName))
+        return FMHA_OK;
 #else
+    info->max_smem_per_block = (int)prop.sharedMemPerBlockOptin;
+    info->max_smem_per_sm = (int)prop.sharedMemPerMultiprocessor;
     info->cc_major = prop.major;
     info->cc_minor = prop.minor;
     snprintf(info->arch, sizeof info->arch, "sm_%d%d", prop.major, prop.minor);
