@@ -24,6 +24,6 @@ done
 wait
 for i in "${!variants[@]}"; do
   echo "== ${variants[$i]}"
-  (cd /tmp && PYTHONPATH=/tmp/cfg$i python3 /tmp/cfg$i/benchmarks/gpu_check.py --quick | tail -1)
-  (cd /tmp && PYTHONPATH=/tmp/cfg$i python3 /tmp/cfg$i/benchmarks/bench.py $bench_args 2>/dev/null | tail -n +3)
+  (cd /tmp && PYTHONPATH=/tmp/cfg$i/src python3 /tmp/cfg$i/benchmarks/gpu_check.py --quick | tail -1)
+  (cd /tmp && PYTHONPATH=/tmp/cfg$i/src python3 /tmp/cfg$i/benchmarks/bench.py $bench_args 2>/dev/null | tail -n +3)
 done

@@ -1,46 +1,17 @@
-"""pytest configuration: which fmha_native is tested, and the backend fixture.
+"""pytest configuration: the backend fixture and the report header.
 
-`python -m pytest` puts the current directory first on sys.path, so from the repo root
-the source tree's fmha_native/ (which has no compiled _C unless built in place) would
-shadow the installed package.  Prefer a package whose _C imports: the source tree when
-it was built in place, else the installed one.
+The package lives under src/, so from the repository root `import fmha_native` finds
+the installed one (`pip install ".[test]"`), never a source tree without its _C.
 """
-import importlib
 import os
-import sys
 
 import pytest
 
-_REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def _forget_fmha_native():
-    for name in [m for m in sys.modules if m == "fmha_native" or m.startswith("fmha_native.")]:
-        del sys.modules[name]
-
-
-def _import_built_fmha_native():
-    try:
-        importlib.import_module("fmha_native._C")
-        return
-    except ImportError as exc:
-        first_error = exc
-    _forget_fmha_native()
-    saved = list(sys.path)
-    sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _REPO_ROOT]
-    try:
-        importlib.import_module("fmha_native._C")
-    except ImportError:
-        sys.path[:] = saved
-        raise ImportError(
-            "fmha_native is not built: run `pip install .` (or `python setup.py build_ext "
-            f"--inplace` in {_REPO_ROOT}) first; the import failed with: {first_error}"
-        ) from first_error
-
-
-_import_built_fmha_native()
-
-import fmha_native  # noqa: E402  (after the path fix above)
+try:
+    import fmha_native
+except ImportError as exc:  # pragma: no cover - a setup problem, said plainly
+    raise ImportError("fmha_native is not installed: run `pip install \".[test]\"` from the "
+                      f"repository root first ({exc})") from exc
 
 from _harness import Backend, NO_GPU_REASON, gpu_devices  # noqa: E402
 
