@@ -632,12 +632,27 @@ static int open_own_tensor(PyObject *obj, unsigned flags, const fmha_open_ctx *c
     return finish_view(t, flags);
 }
 
+/*
+ * The buffer protocol is the way in for NumPy arrays (it reads ml_dtypes
+ * bfloat16, which DLPack cannot describe) and for buffers without DLPack.
+ * Other objects that export both go through DLPack: CuPy arrays, for one,
+ * claim the buffer protocol but refuse it for device memory.
+ */
+static int prefers_buffer(PyObject *obj)
+{
+    PyTypeObject *type = Py_TYPE(obj);
+    for (PyTypeObject *t = type; t; t = t->tp_base)
+        if (strcmp(t->tp_name, "numpy.ndarray") == 0)
+            return 1;
+    return !PyObject_HasAttrString(obj, "__dlpack__");
+}
+
 int fmha_tensor_open(PyObject *obj, unsigned flags, const fmha_open_ctx *ctx, fmha_tensor *t)
 {
     int rc;
     if (ctx->tensor_type && PyObject_TypeCheck(obj, ctx->tensor_type))
         rc = open_own_tensor(obj, flags, ctx, t);
-    else if (PyObject_CheckBuffer(obj))
+    else if (PyObject_CheckBuffer(obj) && prefers_buffer(obj))
         rc = open_buffer(obj, flags, t);
     else if (PyObject_HasAttrString(obj, "__dlpack__"))
         rc = open_dlpack(obj, flags, ctx, t);
