@@ -309,17 +309,21 @@ static PyObject *shape_tuple(int ndim, const int64_t *shape)
  * array of that element type its dtype object is reused (so an ml_dtypes
  * bfloat16 input gives an ml_dtypes bfloat16 output).
  */
-static PyObject *new_host_array(PyObject *like_obj, const fmha_tensor *like, int ndim,
-                                const int64_t *shape, fmha_elem elem)
+static PyObject *new_host_array(const fmha_module_state *st, PyObject *like_obj,
+                                const fmha_tensor *like, int ndim, const int64_t *shape,
+                                fmha_elem elem)
 {
-    PyObject *numpy = NULL, *dtype = NULL, *shape_obj = NULL, *kwargs = NULL, *args = NULL;
-    PyObject *empty = NULL, *ml_dtypes = NULL, *result = NULL;
-    numpy = PyImport_ImportModule("numpy");
+    PyObject *numpy = NULL, *dtype = NULL, *shape_obj = NULL, *empty = NULL;
+    PyObject *ml_dtypes = NULL, *result = NULL;
+    /* sys.modules first: the import machinery costs a microsecond per call. */
+    numpy = PyImport_GetModule(st->names[FMHA_NAME_NUMPY]);
+    if (!numpy && !PyErr_Occurred())
+        numpy = PyImport_Import(st->names[FMHA_NAME_NUMPY]);
     if (!numpy)
         goto fail;
     if (like && like_obj && like->from_buffer && like->elem == elem &&
-        PyObject_HasAttrString(like_obj, "dtype")) {
-        dtype = PyObject_GetAttrString(like_obj, "dtype");
+        PyObject_HasAttr(like_obj, st->names[FMHA_NAME_DTYPE])) {
+        dtype = PyObject_GetAttr(like_obj, st->names[FMHA_NAME_DTYPE]);
     } else if (elem == FMHA_ELEM_BF16) {
         ml_dtypes = PyImport_ImportModule("ml_dtypes");
         if (!ml_dtypes) {
@@ -335,32 +339,27 @@ static PyObject *new_host_array(PyObject *like_obj, const fmha_tensor *like, int
     if (!dtype)
         goto fail;
     shape_obj = shape_tuple(ndim, shape);
-    empty = PyObject_GetAttrString(numpy, "empty");
-    kwargs = PyDict_New();
-    if (!shape_obj || !empty || !kwargs || PyDict_SetItemString(kwargs, "dtype", dtype) < 0)
+    empty = PyObject_GetAttr(numpy, st->names[FMHA_NAME_EMPTY]);
+    if (!shape_obj || !empty)
         goto fail;
-    args = PyTuple_Pack(1, shape_obj);
-    if (!args)
-        goto fail;
-    result = PyObject_Call(empty, args, kwargs);
+    PyObject *call_args[2] = {shape_obj, dtype}; /* empty(shape, dtype=dtype) */
+    result = PyObject_Vectorcall(empty, call_args, 1, st->kw_dtype);
 fail:
     Py_XDECREF(numpy);
     Py_XDECREF(dtype);
     Py_XDECREF(shape_obj);
-    Py_XDECREF(kwargs);
-    Py_XDECREF(args);
     Py_XDECREF(empty);
     Py_XDECREF(ml_dtypes);
     return result;
 }
 
 /* Allocate an output where the inputs live and view it for writing. */
-static PyObject *new_output(const fmha_module_state *st, const fmha_open_ctx *ctx,
+static PyObject *new_output(const fmha_module_state *st, fmha_open_ctx *ctx,
                             PyObject *like_obj, const fmha_tensor *like, int on_gpu, int device,
                             int ndim, const int64_t *shape, fmha_elem elem, fmha_tensor *view)
 {
     PyObject *obj = on_gpu ? fmha_device_tensor_new(st, device, ctx->stream, ndim, shape, elem)
-                           : new_host_array(like_obj, like, ndim, shape, elem);
+                           : new_host_array(st, like_obj, like, ndim, shape, elem);
     if (!obj)
         return NULL;
     if (fmha_tensor_open(obj, FMHA_OPEN_WRITE, ctx, view) < 0) {
@@ -398,6 +397,12 @@ typedef struct fmha_fwd_call {
     fmha_plan plan;
     int gpu_rejected;           /* device=None on host arrays: the GPU gate said no */
     fmha_plan gpu_plan;
+    /* What produced plan (bytes, padding included): fwd_run asks the planner
+     * again only when the memory the backend really sees changes its inputs. */
+    int plan_memo;
+    fmha_status plan_memo_status;
+    fmha_fwd_params plan_memo_params;
+    fmha_target plan_memo_target;
 
     /* run */
     PyObject *out_obj, *lse_obj; /* strong references to the returned outputs */
@@ -406,12 +411,150 @@ typedef struct fmha_fwd_call {
     int synced;
 } fmha_fwd_call;
 
-static char *fwd_kwlist[] = {"q", "k", "v", "causal", "softmax_scale", "num_splits", "return_lse",
-                             "out", "lse", "device", "stream", "cache_seqlens", "k_new", "v_new",
-                             NULL};
+/* ------------------------------------------------------------------------ */
+/* Argument binding (METH_FASTCALL | METH_KEYWORDS)                         */
+/* ------------------------------------------------------------------------ */
 
-static int fwd_parse(PyObject *args, PyObject *kwargs, const char *fmt, fmha_fwd_call *c)
+/* More than any argument list below. */
+#define FMHA_MAX_ARGS 16
+
+/*
+ * An argument list of the shape PyArg_ParseTupleAndKeywords calls
+ * "O...|$...": the first `positional` arguments are required and may be given
+ * by position or keyword, the rest are keyword-only.
+ */
+typedef struct fmha_arg_spec {
+    const char *fname;          /* for messages */
+    const fmha_name *names;     /* interned names, in order */
+    int count;
+    int positional;
+} fmha_arg_spec;
+
+typedef struct fmha_bound_args {
+    PyObject *value[FMHA_MAX_ARGS]; /* borrowed; NULL when not given */
+    int duplicate;              /* lowest argument given by position and keyword, or -1 */
+    PyObject *unknown;          /* first keyword that names no argument, or NULL */
+} fmha_bound_args;
+
+/* Index of the argument named key, -1 when none. */
+static int find_arg(const fmha_module_state *st, const fmha_arg_spec *spec, PyObject *key)
 {
+    /* Keywords in calls are interned like our names: identity settles it. */
+    for (int i = 0; i < spec->count; i++)
+        if (st->names[spec->names[i]] == key)
+            return i;
+    for (int i = 0; i < spec->count; i++)
+        if (PyUnicode_Compare(st->names[spec->names[i]], key) == 0)
+            return i;
+    return -1;
+}
+
+/*
+ * Bind a FASTCALL argument vector to spec with the rules and messages of
+ * PyArg_ParseTupleAndKeywords, whose cost (a new string per name per call)
+ * was a tenth of a decode call's.  Too many arguments and missing required
+ * ones raise here; a keyword that repeats a positional argument or names
+ * none is reported by bound_args_finish, after the converters ran, which
+ * is the order in which CPython reports them.
+ */
+static int bind_args(const fmha_module_state *st, const fmha_arg_spec *spec,
+                     PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
+                     fmha_bound_args *b)
+{
+    Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+    memset(b->value, 0, sizeof b->value);
+    b->duplicate = -1;
+    b->unknown = NULL;
+    if (nargs + nkw > spec->count) {
+        PyErr_Format(PyExc_TypeError, "%.200s() takes at most %d %sargument%s (%zd given)",
+                     spec->fname, spec->count, nargs == 0 ? "keyword " : "",
+                     spec->count == 1 ? "" : "s", nargs + nkw);
+        return -1;
+    }
+    if (nargs > spec->positional) {
+        PyErr_Format(PyExc_TypeError, "%.200s() takes at most %d positional argument%s "
+                     "(%zd given)", spec->fname, spec->positional,
+                     spec->positional == 1 ? "" : "s", nargs);
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < nargs; i++)
+        b->value[i] = args[i];
+    for (Py_ssize_t j = 0; j < nkw; j++) {
+        PyObject *key = PyTuple_GET_ITEM(kwnames, j);
+        int i = find_arg(st, spec, key);
+        if (i < 0) {
+            if (!b->unknown)
+                b->unknown = key;
+        } else if (i < nargs) {
+            if (b->duplicate < 0 || i < b->duplicate)
+                b->duplicate = i;
+        } else {
+            b->value[i] = args[nargs + j];
+        }
+    }
+    for (int i = 0; i < spec->positional; i++) {
+        if (!b->value[i]) {
+            PyErr_Format(PyExc_TypeError, "%.200s() missing required argument '%U' (pos %d)",
+                         spec->fname, st->names[spec->names[i]], i + 1);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static int bound_args_finish(const fmha_module_state *st, const fmha_arg_spec *spec,
+                             const fmha_bound_args *b)
+{
+    if (b->duplicate >= 0) {
+        PyErr_Format(PyExc_TypeError, "argument for %.200s() given by name ('%U') and "
+                     "position (%d)", spec->fname, st->names[spec->names[b->duplicate]],
+                     b->duplicate + 1);
+        return -1;
+    }
+    if (b->unknown) {
+        PyErr_Format(PyExc_TypeError, "'%U' is an invalid keyword argument for %.200s()",
+                     b->unknown, spec->fname);
+        return -1;
+    }
+    return 0;
+}
+
+/* A "p" argument: *out = bool(obj) when obj was given; 0 or -1. */
+static int conv_flag(PyObject *obj, int *out)
+{
+    if (!obj)
+        return 0;
+    int r = PyObject_IsTrue(obj);
+    if (r < 0)
+        return -1;
+    *out = r;
+    return 0;
+}
+
+/* An "O&" argument: convert(obj, addr) when obj was given; 0 or -1. */
+static int conv_given(PyObject *obj, int (*convert)(PyObject *, void *), void *addr)
+{
+    return !obj || convert(obj, addr) ? 0 : -1;
+}
+
+enum {
+    FWD_Q, FWD_K, FWD_V, FWD_CAUSAL, FWD_SCALE, FWD_NUM_SPLITS, FWD_RETURN_LSE, FWD_OUT,
+    FWD_LSE, FWD_DEVICE, FWD_STREAM, FWD_SEQLENS, FWD_K_NEW, FWD_V_NEW, FWD_NARGS
+};
+
+_Static_assert(FWD_NARGS <= FMHA_MAX_ARGS, "forward's arguments fit fmha_bound_args");
+
+static const fmha_name fwd_arg_names[FWD_NARGS] = {
+    FMHA_NAME_Q, FMHA_NAME_K, FMHA_NAME_V, FMHA_NAME_CAUSAL, FMHA_NAME_SOFTMAX_SCALE,
+    FMHA_NAME_NUM_SPLITS, FMHA_NAME_RETURN_LSE, FMHA_NAME_OUT, FMHA_NAME_LSE, FMHA_NAME_DEVICE,
+    FMHA_NAME_STREAM, FMHA_NAME_CACHE_SEQLENS, FMHA_NAME_K_NEW, FMHA_NAME_V_NEW,
+};
+
+static int fwd_parse(const fmha_module_state *st, const char *fname, PyObject *const *args,
+                     Py_ssize_t nargs, PyObject *kwnames, fmha_fwd_call *c)
+{
+    const fmha_arg_spec spec = {fname, fwd_arg_names, FWD_NARGS, 3};
+    fmha_bound_args b;
     c->return_lse = 1;
     c->out_arg = c->lse_arg = c->seqlens_arg = c->k_new_arg = c->v_new_arg = Py_None;
     fmha_tensor_init(&c->q, "q");
@@ -422,13 +565,31 @@ static int fwd_parse(PyObject *args, PyObject *kwargs, const char *fmt, fmha_fwd
     fmha_tensor_init(&c->seqlens, "cache_seqlens");
     fmha_tensor_init(&c->k_new, "k_new");
     fmha_tensor_init(&c->v_new, "v_new");
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, fmt, fwd_kwlist, &c->q_obj, &c->k_obj,
-                                     &c->v_obj, &c->causal, conv_scale, &c->scale,
-                                     conv_num_splits, &c->num_splits, &c->return_lse, &c->out_arg,
-                                     &c->lse_arg, conv_device, &c->device, conv_stream, &c->stream,
-                                     &c->seqlens_arg, &c->k_new_arg, &c->v_new_arg))
+    if (bind_args(st, &spec, args, nargs, kwnames, &b) < 0)
         return -1;
-    return 0;
+    PyObject **v = b.value;
+    c->q_obj = v[FWD_Q];
+    c->k_obj = v[FWD_K];
+    c->v_obj = v[FWD_V];
+    if (conv_flag(v[FWD_CAUSAL], &c->causal) < 0 ||
+        conv_given(v[FWD_SCALE], conv_scale, &c->scale) < 0 ||
+        conv_given(v[FWD_NUM_SPLITS], conv_num_splits, &c->num_splits) < 0 ||
+        conv_flag(v[FWD_RETURN_LSE], &c->return_lse) < 0)
+        return -1;
+    if (v[FWD_OUT])
+        c->out_arg = v[FWD_OUT];
+    if (v[FWD_LSE])
+        c->lse_arg = v[FWD_LSE];
+    if (conv_given(v[FWD_DEVICE], conv_device, &c->device) < 0 ||
+        conv_given(v[FWD_STREAM], conv_stream, &c->stream) < 0)
+        return -1;
+    if (v[FWD_SEQLENS])
+        c->seqlens_arg = v[FWD_SEQLENS];
+    if (v[FWD_K_NEW])
+        c->k_new_arg = v[FWD_K_NEW];
+    if (v[FWD_V_NEW])
+        c->v_new_arg = v[FWD_V_NEW];
+    return bound_args_finish(st, &spec, &b);
 }
 
 static void fwd_close(fmha_fwd_call *c)
@@ -724,7 +885,9 @@ static void planned_layout(const fmha_tensor *t, int staged, const void **ptr, i
 /*
  * Plan for one backend.  Before memory is placed (actual == 0) the planner
  * sees the layout the backend will get (fwd_run plans again on the actual
- * one); with a KV cache it sees the longest cache length as seqlen_k.
+ * one); with a KV cache it sees the longest cache length as seqlen_k.  The
+ * planner is a pure function of its inputs, so a plan into c->plan whose
+ * inputs are byte-for-byte those of the plan already there is that plan.
  */
 static fmha_status plan_for(fmha_fwd_call *c, fmha_backend backend, int actual, fmha_plan *plan)
 {
@@ -734,7 +897,8 @@ static fmha_status plan_for(fmha_fwd_call *c, fmha_backend backend, int actual, 
     target.num_threads = fmha_cpu_num_threads();
     target.device = backend == FMHA_BACKEND_GPU ? c->dev_info : NULL;
     target.gpu_compiled = fmha_gpu_compiled();
-    fmha_fwd_params planned = c->p;
+    fmha_fwd_params planned;
+    memcpy(&planned, &c->p, sizeof planned);
     if (!actual) {
         int gpu = backend == FMHA_BACKEND_GPU;
         fmha_fwd_params *p = &planned;
@@ -750,6 +914,14 @@ static fmha_status plan_for(fmha_fwd_call *c, fmha_backend backend, int actual, 
         planned_layout(out, !c->out.present || (gpu && !c->out.on_gpu), &out_ptr,
                        &p->o_batch_stride, &p->o_row_stride, &p->o_head_stride);
         p->out = (void *)(uintptr_t)out_ptr;
+        /* The caller's lse as fwd_fill_pointers will pass it (a staged or
+         * allocated one is not known yet). */
+        if (c->lse.present && !(gpu && !c->lse.on_gpu)) {
+            p->lse = c->lse.data;
+            p->lse_batch_stride = c->lse.strides[0];
+            p->lse_head_stride = c->lse.strides[1];
+            p->lse_row_stride = c->lse.strides[2];
+        }
         if (c->append) {
             planned_layout(&c->k_new, gpu && !c->k_new.on_gpu, &p->k_new, &p->knew_batch_stride,
                            &p->knew_row_stride, &p->knew_head_stride);
@@ -763,14 +935,25 @@ static fmha_status plan_for(fmha_fwd_call *c, fmha_backend backend, int actual, 
         /* The longest cache length; the planner adds the appended rows. */
         planned.seqlen_k = c->max_seqlen;
     }
-    return fmha_plan_make(&planned, &target, c->num_splits, plan);
+    int memo = plan == &c->plan;
+    if (memo && c->plan_memo &&
+        memcmp(&planned, &c->plan_memo_params, sizeof planned) == 0 &&
+        memcmp(&target, &c->plan_memo_target, sizeof target) == 0)
+        return c->plan_memo_status;
+    fmha_status status = fmha_plan_make(&planned, &target, c->num_splits, plan);
+    if (memo) {
+        c->plan_memo = 1;
+        c->plan_memo_status = status;
+        memcpy(&c->plan_memo_params, &planned, sizeof planned);
+        memcpy(&c->plan_memo_target, &target, sizeof target);
+    }
+    return status;
 }
 
 /* Everything up to (and including) the plan; runs nothing, writes nothing. */
-static int fwd_prepare(const fmha_module_state *st, fmha_fwd_call *c)
+static int fwd_prepare(fmha_module_state *st, fmha_fwd_call *c)
 {
-    c->ctx.stream = c->stream.handle;
-    c->ctx.tensor_type = st->tensor_type;
+    fmha_open_ctx_init(&c->ctx, st, c->stream.handle);
     c->append = c->k_new_arg != Py_None && c->v_new_arg != Py_None && c->seqlens_arg != Py_None;
     unsigned kv_flags = c->append ? FMHA_OPEN_WRITE : 0;
     if (fmha_tensor_open(c->q_obj, 0, &c->ctx, &c->q) < 0 ||
@@ -839,15 +1022,26 @@ static int fwd_prepare(const fmha_module_state *st, fmha_fwd_call *c)
     return 0;
 }
 
-static PyObject *gate_dict(const fmha_plan *plan)
+static int dict_put(PyObject *dict, PyObject *key, PyObject *value)
+{
+    if (!value)
+        return -1;
+    int rc = PyDict_SetItem(dict, key, value);
+    Py_DECREF(value);
+    return rc;
+}
+
+static PyObject *gate_dict(const fmha_module_state *st, const fmha_plan *plan)
 {
     PyObject *gate = PyDict_New(), *item = NULL;
     if (!gate)
         return NULL;
     for (int i = 0; i < plan->n_gate; i++) {
-        item = Py_BuildValue("{s:O,s:s}", "met", plan->gate[i].met ? Py_True : Py_False, "why",
-                             plan->gate[i].why);
-        if (!item || PyDict_SetItemString(gate, plan->gate[i].name, item) < 0)
+        item = PyDict_New();
+        if (!item ||
+            dict_put(item, st->names[FMHA_NAME_MET], PyBool_FromLong(plan->gate[i].met)) < 0 ||
+            dict_put(item, st->names[FMHA_NAME_WHY], PyUnicode_FromString(plan->gate[i].why)) < 0 ||
+            PyDict_SetItemString(gate, plan->gate[i].name, item) < 0)
             goto fail;
         Py_CLEAR(item);
     }
@@ -894,66 +1088,69 @@ static int dict_set(PyObject *dict, const char *key, PyObject *value)
     return rc;
 }
 
-static PyObject *fwd_explain_dict(const fmha_fwd_call *c)
+static PyObject *fwd_explain_dict(const fmha_module_state *st, const fmha_fwd_call *c)
 {
     const fmha_fwd_params *p = &c->p;
     const fmha_plan *plan = &c->plan;
+#define KEY(id) st->names[FMHA_NAME_##id]
     PyObject *d = PyDict_New(), *rejected = NULL;
     if (!d)
         return NULL;
     int gpu = c->backend == FMHA_BACKEND_GPU;
-    char reason[sizeof plan->reason + sizeof c->gpu_plan.reason + FMHA_MSG_SHORT];
-    if (c->gpu_rejected)
-        snprintf(reason, sizeof reason, "the GPU gate is not met (%s); running on the CPU: %s",
-                 c->gpu_plan.reason, plan->reason);
-    else
-        snprintf(reason, sizeof reason, "%s", plan->reason);
-    if (dict_set(d, "backend", PyUnicode_FromString(gpu ? "gpu" : "cpu")) < 0 ||
-        dict_set(d, "supported", PyBool_FromLong(c->plan_status == FMHA_OK)) < 0 ||
-        dict_set(d, "kernel", PyUnicode_FromString(plan->kernel)) < 0 ||
-        dict_set(d, "kernel_id", PyLong_FromLong(plan->kernel_id)) < 0 ||
-        dict_set(d, "num_splits", PyLong_FromLong(plan->num_splits)) < 0 ||
-        dict_set(d, "requested_splits", PyLong_FromLong(c->num_splits)) < 0 ||
-        dict_set(d, "block_m", PyLong_FromLong(plan->block_m)) < 0 ||
-        dict_set(d, "block_n", PyLong_FromLong(plan->block_n)) < 0 ||
-        dict_set(d, "pack_gqa", PyBool_FromLong(plan->pack_gqa)) < 0 ||
-        dict_set(d, "reason", PyUnicode_FromString(reason)) < 0 ||
-        dict_set(d, "gate", gate_dict(plan)) < 0 ||
-        dict_set(d, "batch", PyLong_FromLongLong(p->batch)) < 0 ||
-        dict_set(d, "seqlen_q", PyLong_FromLongLong(p->seqlen_q)) < 0 ||
-        dict_set(d, "seqlen_k", PyLong_FromLongLong(p->seqlen_k)) < 0 ||
-        dict_set(d, "heads_q", PyLong_FromLongLong(p->heads_q)) < 0 ||
-        dict_set(d, "heads_kv", PyLong_FromLongLong(p->heads_kv)) < 0 ||
-        dict_set(d, "head_dim", PyLong_FromLongLong(p->head_dim)) < 0 ||
-        dict_set(d, "dtype", PyUnicode_FromString(fmha_elem_name(c->q.elem))) < 0 ||
-        dict_set(d, "causal", PyBool_FromLong(p->causal)) < 0 ||
-        dict_set(d, "softmax_scale", PyFloat_FromDouble(p->softmax_scale)) < 0 ||
-        dict_set(d, "kv_cache", PyBool_FromLong(c->seqlens.present)) < 0 ||
-        dict_set(d, "seqlen_new", PyLong_FromLongLong(p->seqlen_new)) < 0)
+    char rejected_reason[sizeof plan->reason + sizeof c->gpu_plan.reason + FMHA_MSG_SHORT];
+    const char *reason = plan->reason;
+    if (c->gpu_rejected) {
+        snprintf(rejected_reason, sizeof rejected_reason, "the GPU gate is not met (%s); "
+                 "running on the CPU: %s", c->gpu_plan.reason, plan->reason);
+        reason = rejected_reason;
+    }
+    if (dict_put(d, KEY(BACKEND), PyUnicode_FromString(gpu ? "gpu" : "cpu")) < 0 ||
+        dict_put(d, KEY(SUPPORTED), PyBool_FromLong(c->plan_status == FMHA_OK)) < 0 ||
+        dict_put(d, KEY(KERNEL), PyUnicode_FromString(plan->kernel)) < 0 ||
+        dict_put(d, KEY(KERNEL_ID), PyLong_FromLong(plan->kernel_id)) < 0 ||
+        dict_put(d, KEY(NUM_SPLITS), PyLong_FromLong(plan->num_splits)) < 0 ||
+        dict_put(d, KEY(REQUESTED_SPLITS), PyLong_FromLong(c->num_splits)) < 0 ||
+        dict_put(d, KEY(BLOCK_M), PyLong_FromLong(plan->block_m)) < 0 ||
+        dict_put(d, KEY(BLOCK_N), PyLong_FromLong(plan->block_n)) < 0 ||
+        dict_put(d, KEY(PACK_GQA), PyBool_FromLong(plan->pack_gqa)) < 0 ||
+        dict_put(d, KEY(REASON), PyUnicode_FromString(reason)) < 0 ||
+        dict_put(d, KEY(GATE), gate_dict(st, plan)) < 0 ||
+        dict_put(d, KEY(BATCH), PyLong_FromLongLong(p->batch)) < 0 ||
+        dict_put(d, KEY(SEQLEN_Q), PyLong_FromLongLong(p->seqlen_q)) < 0 ||
+        dict_put(d, KEY(SEQLEN_K), PyLong_FromLongLong(p->seqlen_k)) < 0 ||
+        dict_put(d, KEY(HEADS_Q), PyLong_FromLongLong(p->heads_q)) < 0 ||
+        dict_put(d, KEY(HEADS_KV), PyLong_FromLongLong(p->heads_kv)) < 0 ||
+        dict_put(d, KEY(HEAD_DIM), PyLong_FromLongLong(p->head_dim)) < 0 ||
+        dict_put(d, KEY(DTYPE), PyUnicode_FromString(fmha_elem_name(c->q.elem))) < 0 ||
+        dict_put(d, KEY(CAUSAL), PyBool_FromLong(p->causal)) < 0 ||
+        dict_put(d, KEY(SOFTMAX_SCALE), PyFloat_FromDouble(p->softmax_scale)) < 0 ||
+        dict_put(d, KEY(KV_CACHE), PyBool_FromLong(c->seqlens.present)) < 0 ||
+        dict_put(d, KEY(SEQLEN_NEW), PyLong_FromLongLong(p->seqlen_new)) < 0)
         goto fail;
     if (gpu && c->dev_info) {
-        if (dict_set(d, "device", PyUnicode_FromString(c->dev_info->name)) < 0 ||
-            dict_set(d, "device_ordinal", PyLong_FromLong(c->gpu_device)) < 0 ||
-            dict_set(d, "arch", PyUnicode_FromString(c->dev_info->arch)) < 0 ||
-            dict_set(d, "sm_count", PyLong_FromLong(c->dev_info->sm_count)) < 0 ||
-            dict_set(d, "inputs_on_host", PyBool_FromLong(!c->q.on_gpu)) < 0)
+        if (dict_put(d, KEY(DEVICE), PyUnicode_FromString(c->dev_info->name)) < 0 ||
+            dict_put(d, KEY(DEVICE_ORDINAL), PyLong_FromLong(c->gpu_device)) < 0 ||
+            dict_put(d, KEY(ARCH), PyUnicode_FromString(c->dev_info->arch)) < 0 ||
+            dict_put(d, KEY(SM_COUNT), PyLong_FromLong(c->dev_info->sm_count)) < 0 ||
+            dict_put(d, KEY(INPUTS_ON_HOST), PyBool_FromLong(!c->q.on_gpu)) < 0)
             goto fail;
     } else {
-        if (dict_set(d, "device", PyUnicode_FromString("cpu")) < 0 ||
-            dict_set(d, "cpu_threads", PyLong_FromLong(fmha_cpu_num_threads())) < 0 ||
-            dict_set(d, "cpu_simd", PyUnicode_FromString(fmha_cpu_simd_name())) < 0)
+        if (dict_put(d, KEY(DEVICE), PyUnicode_FromString("cpu")) < 0 ||
+            dict_put(d, KEY(CPU_THREADS), PyLong_FromLong(fmha_cpu_num_threads())) < 0 ||
+            dict_put(d, KEY(CPU_SIMD), PyUnicode_FromString(fmha_cpu_simd_name())) < 0)
             goto fail;
     }
     if (c->gpu_rejected) {
         rejected = Py_BuildValue("{s:s,s:s,s:N}", "kernel", c->gpu_plan.kernel, "reason",
-                                 c->gpu_plan.reason, "gate", gate_dict(&c->gpu_plan));
-        if (dict_set(d, "gpu_rejected", rejected) < 0)
+                                 c->gpu_plan.reason, "gate", gate_dict(st, &c->gpu_plan));
+        if (dict_put(d, KEY(GPU_REJECTED), rejected) < 0)
             goto fail;
     }
     return d;
 fail:
     Py_DECREF(d);
     return NULL;
+#undef KEY
 }
 
 /* Copy host memory to the GPU, or point the CPU backend at usable memory. */
@@ -1007,7 +1204,7 @@ static void fill_no_keys(fmha_fwd_call *c)
         fmha_tensor_fill_host(&c->lse, &neg_inf);
 }
 
-static PyObject *fwd_run(const fmha_module_state *st, fmha_fwd_call *c)
+static PyObject *fwd_run(fmha_module_state *st, fmha_fwd_call *c)
 {
     int gpu = c->backend == FMHA_BACKEND_GPU;
     int out_on_gpu = c->q.on_gpu;
@@ -1088,13 +1285,14 @@ static PyObject *fwd_run(const fmha_module_state *st, fmha_fwd_call *c)
     return PyTuple_Pack(2, c->out_obj, c->lse_obj);
 }
 
-static PyObject *fmha_forward(PyObject *module, PyObject *args, PyObject *kwargs)
+static PyObject *fmha_forward(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
+                              PyObject *kwnames)
 {
-    const fmha_module_state *st = module_state(module);
+    fmha_module_state *st = module_state(module);
     fmha_fwd_call c;
     PyObject *result = NULL;
     memset(&c, 0, sizeof c);
-    if (fwd_parse(args, kwargs, "OOO|$pO&O&pOOO&O&OOO:forward", &c) < 0)
+    if (fwd_parse(st, "forward", args, nargs, kwnames, &c) < 0)
         goto fail;
     if (fwd_prepare(st, &c) < 0)
         goto fail;
@@ -1104,17 +1302,18 @@ fail:
     return result;
 }
 
-static PyObject *fmha_explain(PyObject *module, PyObject *args, PyObject *kwargs)
+static PyObject *fmha_explain(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
+                              PyObject *kwnames)
 {
-    const fmha_module_state *st = module_state(module);
+    fmha_module_state *st = module_state(module);
     fmha_fwd_call c;
     PyObject *result = NULL;
     memset(&c, 0, sizeof c);
-    if (fwd_parse(args, kwargs, "OOO|$pO&O&pOOO&O&OOO:explain", &c) < 0)
+    if (fwd_parse(st, "explain", args, nargs, kwnames, &c) < 0)
         goto fail;
     if (fwd_prepare(st, &c) < 0)
         goto fail;
-    result = fwd_explain_dict(&c);
+    result = fwd_explain_dict(st, &c);
 fail:
     fwd_close(&c);
     return result;
@@ -1124,10 +1323,20 @@ fail:
 /* combine                                                                   */
 /* ------------------------------------------------------------------------ */
 
-static PyObject *fmha_combine(PyObject *module, PyObject *args, PyObject *kwargs)
+enum { COMBINE_OUTS, COMBINE_LSES, COMBINE_OUT, COMBINE_LSE, COMBINE_STREAM, COMBINE_NARGS };
+
+_Static_assert(COMBINE_NARGS <= FMHA_MAX_ARGS, "combine's arguments fit fmha_bound_args");
+
+static const fmha_name combine_arg_names[COMBINE_NARGS] = {
+    FMHA_NAME_OUTS, FMHA_NAME_LSES, FMHA_NAME_OUT, FMHA_NAME_LSE, FMHA_NAME_STREAM,
+};
+
+static PyObject *fmha_combine(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
+                              PyObject *kwnames)
 {
-    static char *kwlist[] = {"outs", "lses", "out", "lse", "stream", NULL};
-    const fmha_module_state *st = module_state(module);
+    fmha_module_state *st = module_state(module);
+    const fmha_arg_spec spec = {"combine", combine_arg_names, COMBINE_NARGS, 2};
+    fmha_bound_args b;
     PyObject *outs_obj = NULL, *lses_obj = NULL, *out_arg = Py_None, *lse_arg = Py_None;
     PyObject *out_obj = NULL, *lse_obj = NULL, *result = NULL;
     fmha_opt_stream stream = {0, NULL};
@@ -1136,10 +1345,19 @@ static PyObject *fmha_combine(PyObject *module, PyObject *args, PyObject *kwargs
     fmha_tensor_init(&lses, "lses");
     fmha_tensor_init(&out, "out");
     fmha_tensor_init(&lse, "lse");
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|$OOO&:combine", kwlist, &outs_obj,
-                                     &lses_obj, &out_arg, &lse_arg, conv_stream, &stream))
+    if (bind_args(st, &spec, args, nargs, kwnames, &b) < 0)
         goto fail;
-    fmha_open_ctx ctx = {stream.handle, st->tensor_type};
+    outs_obj = b.value[COMBINE_OUTS];
+    lses_obj = b.value[COMBINE_LSES];
+    if (b.value[COMBINE_OUT])
+        out_arg = b.value[COMBINE_OUT];
+    if (b.value[COMBINE_LSE])
+        lse_arg = b.value[COMBINE_LSE];
+    if (conv_given(b.value[COMBINE_STREAM], conv_stream, &stream) < 0 ||
+        bound_args_finish(st, &spec, &b) < 0)
+        goto fail;
+    fmha_open_ctx ctx;
+    fmha_open_ctx_init(&ctx, st, stream.handle);
     if (fmha_tensor_open(outs_obj, 0, &ctx, &outs) < 0 ||
         fmha_tensor_open(lses_obj, 0, &ctx, &lses) < 0 ||
         (out_arg != Py_None && fmha_tensor_open(out_arg, FMHA_OPEN_WRITE, &ctx, &out) < 0) ||
@@ -1379,11 +1597,11 @@ PyDoc_STRVAR(combine_doc,
 PyDoc_STRVAR(info_doc, "info()\n--\n\nVersion, compiled backends and visible devices.");
 
 static PyMethodDef fmha_methods[] = {
-    {"forward", (PyCFunction)(void (*)(void))fmha_forward, METH_VARARGS | METH_KEYWORDS,
+    {"forward", (PyCFunction)(void (*)(void))fmha_forward, METH_FASTCALL | METH_KEYWORDS,
      forward_doc},
-    {"explain", (PyCFunction)(void (*)(void))fmha_explain, METH_VARARGS | METH_KEYWORDS,
+    {"explain", (PyCFunction)(void (*)(void))fmha_explain, METH_FASTCALL | METH_KEYWORDS,
      explain_doc},
-    {"combine", (PyCFunction)(void (*)(void))fmha_combine, METH_VARARGS | METH_KEYWORDS,
+    {"combine", (PyCFunction)(void (*)(void))fmha_combine, METH_FASTCALL | METH_KEYWORDS,
      combine_doc},
     {"info", fmha_info, METH_NOARGS, info_doc},
     {NULL, NULL, 0, NULL},
@@ -1392,6 +1610,8 @@ static PyMethodDef fmha_methods[] = {
 static int fmha_exec(PyObject *module)
 {
     fmha_module_state *st = module_state(module);
+    if (fmha_state_init(st) < 0)
+        return -1;
     st->error = PyErr_NewExceptionWithDoc("fmha_native.FmhaError",
                                           "A GPU runtime failure inside fmha_native.",
                                           PyExc_RuntimeError, NULL);
@@ -1410,17 +1630,12 @@ static int fmha_exec(PyObject *module)
 
 static int fmha_traverse(PyObject *module, visitproc visit, void *arg)
 {
-    fmha_module_state *st = module_state(module);
-    Py_VISIT(st->error);
-    Py_VISIT(st->tensor_type);
-    return 0;
+    return fmha_state_traverse(module_state(module), visit, arg);
 }
 
 static int fmha_clear(PyObject *module)
 {
-    fmha_module_state *st = module_state(module);
-    Py_CLEAR(st->error);
-    Py_CLEAR(st->tensor_type);
+    fmha_state_clear(module_state(module));
     return 0;
 }
 

@@ -13,6 +13,12 @@
  * "used_" name only once the view is complete, after which we own the managed
  * tensor and call its deleter in fmha_tensor_close.  Before the rename, an
  * error simply drops the capsule and the producer's destructor deletes it.
+ *
+ * torch.Tensor's __dlpack_device__ and __dlpack__ are Python functions that
+ * cost more than the rest of a decode call together; for exact torch.Tensor
+ * inputs torch_fast_capsule does in C what they would do and calls the
+ * exporter they end in, and hands every other case to the generic path.
+ * Also owns the module state's interned names and torch hooks.
  */
 #include "tensor.h"
 
@@ -70,6 +76,73 @@ int fmha_raise_status(const fmha_module_state *st, fmha_status status, const cha
         break;
     }
     return -1;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Module state                                                              */
+/* ------------------------------------------------------------------------ */
+
+int fmha_state_init(fmha_module_state *st)
+{
+    static const char *const texts[FMHA_NAME_COUNT] = {
+#define FMHA_NAME_TEXT(id, text) text,
+        FMHA_NAMES(FMHA_NAME_TEXT)
+#undef FMHA_NAME_TEXT
+    };
+    for (int i = 0; i < FMHA_NAME_COUNT; i++)
+        if (!(st->names[i] = PyUnicode_InternFromString(texts[i])))
+            return -1;
+    st->dlpack_version = Py_BuildValue("(ii)", FMHA_DLPACK_MAJOR_VERSION,
+                                       FMHA_DLPACK_MINOR_VERSION);
+    st->kw_stream_version = PyTuple_Pack(2, st->names[FMHA_NAME_STREAM],
+                                         st->names[FMHA_NAME_MAX_VERSION]);
+    st->kw_version = PyTuple_Pack(1, st->names[FMHA_NAME_MAX_VERSION]);
+    st->kw_stream = PyTuple_Pack(1, st->names[FMHA_NAME_STREAM]);
+    st->kw_dtype = PyTuple_Pack(1, st->names[FMHA_NAME_DTYPE]);
+    if (!st->dlpack_version || !st->kw_stream_version || !st->kw_version || !st->kw_stream ||
+        !st->kw_dtype)
+        return -1;
+    return 0;
+}
+
+int fmha_state_traverse(fmha_module_state *st, visitproc visit, void *arg)
+{
+    Py_VISIT(st->error);
+    Py_VISIT(st->tensor_type);
+    for (int i = 0; i < FMHA_NAME_COUNT; i++)
+        Py_VISIT(st->names[i]);
+    Py_VISIT(st->dlpack_version);
+    Py_VISIT(st->kw_stream_version);
+    Py_VISIT(st->kw_version);
+    Py_VISIT(st->kw_stream);
+    Py_VISIT(st->kw_dtype);
+    Py_VISIT(st->torch.tensor_type);
+    Py_VISIT(st->torch.strided);
+    Py_VISIT(st->torch.to_dlpack);
+    Py_VISIT(st->torch.has_torch_function);
+    Py_VISIT(st->torch.current_device);
+    Py_VISIT(st->torch.current_stream);
+    return 0;
+}
+
+void fmha_state_clear(fmha_module_state *st)
+{
+    Py_CLEAR(st->error);
+    Py_CLEAR(st->tensor_type);
+    for (int i = 0; i < FMHA_NAME_COUNT; i++)
+        Py_CLEAR(st->names[i]);
+    Py_CLEAR(st->dlpack_version);
+    Py_CLEAR(st->kw_stream_version);
+    Py_CLEAR(st->kw_version);
+    Py_CLEAR(st->kw_stream);
+    Py_CLEAR(st->kw_dtype);
+    Py_CLEAR(st->torch.tensor_type);
+    Py_CLEAR(st->torch.strided);
+    Py_CLEAR(st->torch.to_dlpack);
+    Py_CLEAR(st->torch.has_torch_function);
+    Py_CLEAR(st->torch.current_device);
+    Py_CLEAR(st->torch.current_stream);
+    st->torch.state = 0;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -397,13 +470,16 @@ static PyObject *dlpack_stream_arg(void *stream)
 }
 
 /* (device_type, device_id) from __dlpack_device__; 0 or -1. */
-static int query_dlpack_device(PyObject *obj, const fmha_tensor *t, int *have, int32_t *type)
+static int query_dlpack_device(const fmha_module_state *st, PyObject *obj, const fmha_tensor *t,
+                               int *have, int32_t *type)
 {
     PyObject *res = NULL, *item = NULL;
     *have = 0;
-    if (!PyObject_HasAttrString(obj, "__dlpack_device__"))
+    if (!PyObject_HasAttr(obj, st->names[FMHA_NAME_DLPACK_DEVICE]))
         return 0;
-    res = PyObject_CallMethod(obj, "__dlpack_device__", NULL);
+    PyObject *self_arg[1] = {obj};
+    res = PyObject_VectorcallMethod(st->names[FMHA_NAME_DLPACK_DEVICE], self_arg,
+                                    1 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
     if (!res)
         goto fail;
     if (!PySequence_Check(res) || PySequence_Size(res) != 2) {
@@ -428,36 +504,30 @@ fail:
     return -1;
 }
 
-static PyObject *call_dlpack(PyObject *obj, int pass_stream, void *stream)
+/* obj.__dlpack__(stream=..., max_version=(1, 0)), keywords passed by vectorcall
+ * with the module's interned names. */
+static PyObject *call_dlpack(const fmha_module_state *st, PyObject *obj, int pass_stream,
+                             void *stream)
 {
-    PyObject *method = NULL, *args = NULL, *kwargs = NULL, *version = NULL, *stream_arg = NULL;
-    PyObject *capsule = NULL;
-    method = PyObject_GetAttrString(obj, "__dlpack__");
-    args = PyTuple_New(0);
-    kwargs = PyDict_New();
-    version = Py_BuildValue("(ii)", FMHA_DLPACK_MAJOR_VERSION, FMHA_DLPACK_MINOR_VERSION);
-    if (!method || !args || !kwargs || !version)
+    PyObject *method = NULL, *stream_arg = NULL, *capsule = NULL;
+    method = PyObject_GetAttr(obj, st->names[FMHA_NAME_DLPACK]);
+    if (!method)
         goto done;
-    if (pass_stream) {
-        stream_arg = dlpack_stream_arg(stream);
-        if (!stream_arg || PyDict_SetItemString(kwargs, "stream", stream_arg) < 0)
-            goto done;
-    }
-    if (PyDict_SetItemString(kwargs, "max_version", version) < 0)
+    if (pass_stream && !(stream_arg = dlpack_stream_arg(stream)))
         goto done;
-    capsule = PyObject_Call(method, args, kwargs);
+    PyObject *with_version[2] = {pass_stream ? stream_arg : st->dlpack_version,
+                                 st->dlpack_version};
+    capsule = PyObject_Vectorcall(method, with_version, 0,
+                                  pass_stream ? st->kw_stream_version : st->kw_version);
     if (!capsule && PyErr_ExceptionMatches(PyExc_TypeError)) {
         /* A producer older than DLPack 1.0 has no max_version keyword. */
         PyErr_Clear();
-        if (PyDict_DelItemString(kwargs, "max_version") < 0)
-            goto done;
-        capsule = PyObject_Call(method, args, kwargs);
+        PyObject *without_version[1] = {stream_arg};
+        capsule = PyObject_Vectorcall(method, pass_stream ? without_version : NULL, 0,
+                                      pass_stream ? st->kw_stream : NULL);
     }
 done:
     Py_XDECREF(method);
-    Py_XDECREF(args);
-    Py_XDECREF(kwargs);
-    Py_XDECREF(version);
     Py_XDECREF(stream_arg);
     return capsule;
 }
@@ -488,24 +558,203 @@ static int dl_elem(const fmha_tensor *t, DLDataType dt, fmha_elem *elem)
     return -1;
 }
 
-static int open_dlpack(PyObject *obj, unsigned flags, const fmha_open_ctx *ctx, fmha_tensor *t)
-{
-    PyObject *capsule = NULL;
-    int have_device = 0;
-    int32_t device_type = kDLCPU;
-    if (query_dlpack_device(obj, t, &have_device, &device_type) < 0)
-        return -1;
-    int pass_stream = 0;
-    if (have_device) {
-        int where = classify_device(device_type);
-        if (where < 0)
-            return raise_bad_device(t, device_type);
-        pass_stream = where == 1;
-    }
-    capsule = call_dlpack(obj, pass_stream, ctx->stream);
-    if (!capsule)
-        return -1;
+static uintptr_t canonical_stream(uintptr_t s);
 
+/* ---- torch fast path ---- */
+
+/* Look torch's entry points up (see fmha_torch_hooks); stays unresolved while
+ * torch is not imported, so a later import still gets the fast path. */
+static void resolve_torch(fmha_module_state *st)
+{
+    fmha_torch_hooks *h = &st->torch;
+    PyObject *torch = NULL, *torch_c = NULL, *cuda = NULL;
+    torch = PyImport_GetModule(st->names[FMHA_NAME_TORCH]);
+    if (!torch) {
+        PyErr_Clear();
+        return;
+    }
+    h->state = -1;
+    h->tensor_type = PyObject_GetAttrString(torch, "Tensor");
+    h->strided = PyObject_GetAttrString(torch, "strided");
+    torch_c = PyObject_GetAttrString(torch, "_C");
+    if (!h->tensor_type || !h->strided || !torch_c || !PyType_Check(h->tensor_type))
+        goto fail;
+    h->to_dlpack = PyObject_GetAttrString(torch_c, "_to_dlpack_versioned");
+    h->has_torch_function = PyObject_GetAttrString(torch_c, "_has_torch_function_unary");
+    if (!h->to_dlpack || !h->has_torch_function)
+        goto fail;
+    /* The tensor attributes torch_fast_capsule reads, in case this torch
+     * predates one of them. */
+    static const fmha_name attrs[] = {FMHA_NAME_REQUIRES_GRAD, FMHA_NAME_IS_CONJ,
+                                      FMHA_NAME_LAYOUT, FMHA_NAME_IS_CPU, FMHA_NAME_IS_CUDA,
+                                      FMHA_NAME_GET_DEVICE};
+    for (size_t i = 0; i < sizeof attrs / sizeof attrs[0]; i++)
+        if (!PyObject_HasAttr(h->tensor_type, st->names[attrs[i]]))
+            goto fail;
+    /* CUDA tensors also need the current device and stream; a CPU-only torch
+     * has neither, and its tensors never reach that branch. */
+    cuda = PyObject_GetAttrString(torch, "cuda");
+    if (cuda) {
+        h->current_device = PyObject_GetAttrString(cuda, "current_device");
+        h->current_stream = PyObject_GetAttrString(torch_c, "_cuda_getCurrentRawStream");
+    }
+    if (!h->current_device || !h->current_stream) {
+        Py_CLEAR(h->current_device);
+        Py_CLEAR(h->current_stream);
+    }
+    PyErr_Clear();
+    h->state = 1;
+    goto done;
+fail:
+    PyErr_Clear();
+    Py_CLEAR(h->tensor_type);
+    Py_CLEAR(h->strided);
+    Py_CLEAR(h->to_dlpack);
+    Py_CLEAR(h->has_torch_function);
+done:
+    Py_XDECREF(cuda);
+    Py_XDECREF(torch_c);
+    Py_DECREF(torch);
+}
+
+/* bool(obj.<name>), or of obj.<name>() when call; 1, 0 or -1. */
+static int torch_flag(PyObject *obj, PyObject *name, int call)
+{
+    PyObject *self_arg[1] = {obj};
+    PyObject *v = call ? PyObject_VectorcallMethod(name, self_arg,
+                                                   1 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL)
+                       : PyObject_GetAttr(obj, name);
+    if (!v)
+        return -1;
+    int r = PyObject_IsTrue(v);
+    Py_DECREF(v);
+    return r;
+}
+
+/* A Python int result of fn(arg) (or fn() when arg is NULL) as long long;
+ * 0 or -1. */
+static int torch_call_int(PyObject *fn, PyObject *arg, long long *out)
+{
+    PyObject *v = arg ? PyObject_CallOneArg(fn, arg) : PyObject_CallNoArgs(fn);
+    if (!v)
+        return -1;
+    *out = PyLong_AsLongLong(v);
+    Py_DECREF(v);
+    return *out == -1 && PyErr_Occurred() ? -1 : 0;
+}
+
+/*
+ * For a CUDA tensor: 1 when torch.Tensor.__dlpack__(stream=<our stream>)
+ * would neither raise for the device nor order streams, i.e. the tensor is on
+ * torch's current device and torch's current stream there is the stream we
+ * launch on (the producer's pending work is then already ordered before
+ * ours); 0 when the generic path must run; -1 on error.
+ */
+static int torch_cuda_ready(PyObject *obj, fmha_open_ctx *ctx)
+{
+    fmha_module_state *st = ctx->state;
+    fmha_torch_hooks *h = &st->torch;
+    long long device, current, stream;
+    PyObject *self_arg[1] = {obj}, *device_obj = NULL;
+    if (!h->current_device || !h->current_stream || !fmha_gpu_compiled())
+        return 0;
+    device_obj = PyObject_VectorcallMethod(st->names[FMHA_NAME_GET_DEVICE], self_arg,
+                                           1 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+    if (!device_obj)
+        return -1;
+    device = PyLong_AsLongLong(device_obj);
+    if (device == -1 && PyErr_Occurred())
+        goto fail;
+    if (device >= 0 && device == ctx->torch_device) {
+        Py_DECREF(device_obj);
+        return 1;
+    }
+    if (torch_call_int(h->current_device, NULL, &current) < 0)
+        goto fail;
+    if (device < 0 || current != device) {
+        Py_DECREF(device_obj);
+        return 0;
+    }
+    if (torch_call_int(h->current_stream, device_obj, &stream) < 0)
+        goto fail;
+    Py_DECREF(device_obj);
+    if (canonical_stream((uintptr_t)stream) != canonical_stream((uintptr_t)ctx->stream))
+        return 0;
+    ctx->torch_device = (int)device;
+    return 1;
+fail:
+    Py_DECREF(device_obj);
+    return -1;
+}
+
+/*
+ * The capsule torch.Tensor.__dlpack__(stream=..., max_version=(1, 0)) would
+ * return for an exact torch.Tensor when everything that function does before
+ * it calls torch._C._to_dlpack_versioned reduces to nothing (no
+ * __torch_function__ override or mode, no autograd history, strided layout,
+ * CPU, or CUDA as torch_cuda_ready says; no conjugate bit, checked last).
+ * The capsule (never consumed on the way back to the generic path) is
+ * dropped when that path must run instead, which only frees it.  NULL without
+ * an exception: take the generic path, which calls __dlpack__ itself and so
+ * raises or orders streams exactly as torch does.  NULL with one: error.
+ */
+static PyObject *torch_fast_capsule(PyObject *obj, fmha_open_ctx *ctx)
+{
+    fmha_module_state *st = ctx->state;
+    fmha_torch_hooks *h = &st->torch;
+    int r;
+    if (h->state == 0 && strcmp(Py_TYPE(obj)->tp_name, "Tensor") == 0)
+        resolve_torch(st);
+    if (h->state != 1 || (PyObject *)Py_TYPE(obj) != h->tensor_type)
+        return NULL;
+    PyObject *overridden = PyObject_CallOneArg(h->has_torch_function, obj);
+    if (!overridden)
+        return NULL;
+    r = PyObject_IsTrue(overridden);
+    Py_DECREF(overridden);
+    if (r != 0)
+        return NULL;
+    if ((r = torch_flag(obj, st->names[FMHA_NAME_REQUIRES_GRAD], 0)) != 0)
+        return NULL;
+    PyObject *layout = PyObject_GetAttr(obj, st->names[FMHA_NAME_LAYOUT]);
+    if (!layout)
+        return NULL;
+    int strided = layout == h->strided;
+    Py_DECREF(layout);
+    if (!strided)
+        return NULL;
+    if ((r = torch_flag(obj, st->names[FMHA_NAME_IS_CPU], 0)) < 0)
+        return NULL;
+    if (r == 0) {
+        if ((r = torch_flag(obj, st->names[FMHA_NAME_IS_CUDA], 0)) <= 0 ||
+            (r = torch_cuda_ready(obj, ctx)) <= 0)
+            return NULL;
+    }
+    PyObject *capsule = PyObject_CallOneArg(h->to_dlpack, obj);
+    if (!capsule)
+        return NULL;
+    if (!PyCapsule_IsValid(capsule, FMHA_DLPACK_CAPSULE_VERSIONED)) {
+        Py_DECREF(capsule);
+        return NULL;
+    }
+    DLManagedTensorVersioned *m = PyCapsule_GetPointer(capsule, FMHA_DLPACK_CAPSULE_VERSIONED);
+    if (m->dl_tensor.dtype.code == kDLComplex) {
+        /* Only complex tensors can carry the conjugate bit that __dlpack__
+         * refuses; asking every tensor would cost more than the rest. */
+        r = torch_flag(obj, st->names[FMHA_NAME_IS_CONJ], 1);
+        if (r != 0) {
+            Py_DECREF(capsule);
+            return NULL;
+        }
+    }
+    return capsule;
+}
+
+/* ---- capsule consumer ---- */
+
+/* View the tensor in a DLPack capsule; takes the reference to capsule. */
+static int view_capsule(PyObject *capsule, unsigned flags, fmha_tensor *t)
+{
     DLTensor *dl = NULL;
     void *managed = NULL;
     int versioned = 0;
@@ -584,6 +833,27 @@ fail:
     return -1;
 }
 
+/* The generic consumer: __dlpack_device__ first, then __dlpack__ with our
+ * stream for device tensors. */
+static int open_dlpack(PyObject *obj, unsigned flags, const fmha_open_ctx *ctx, fmha_tensor *t)
+{
+    int have_device = 0;
+    int32_t device_type = kDLCPU;
+    if (query_dlpack_device(ctx->state, obj, t, &have_device, &device_type) < 0)
+        return -1;
+    int pass_stream = 0;
+    if (have_device) {
+        int where = classify_device(device_type);
+        if (where < 0)
+            return raise_bad_device(t, device_type);
+        pass_stream = where == 1;
+    }
+    PyObject *capsule = call_dlpack(ctx->state, obj, pass_stream, ctx->stream);
+    if (!capsule)
+        return -1;
+    return view_capsule(capsule, flags, t);
+}
+
 /* ------------------------------------------------------------------------ */
 /* fmha_native.Tensor (producer)                                             */
 /* ------------------------------------------------------------------------ */
@@ -599,8 +869,6 @@ typedef struct fmha_device_tensor {
     int64_t strides[FMHA_TENSOR_MAX_NDIM];
     fmha_elem elem;
 } fmha_device_tensor;
-
-static uintptr_t canonical_stream(uintptr_t s);
 
 /* Our own Tensor skips __dlpack__, so do here what its producer side would:
  * work on another stream that last wrote it must finish first. */
@@ -632,6 +900,13 @@ static int open_own_tensor(PyObject *obj, unsigned flags, const fmha_open_ctx *c
     return finish_view(t, flags);
 }
 
+void fmha_open_ctx_init(fmha_open_ctx *ctx, fmha_module_state *state, void *stream)
+{
+    ctx->stream = stream;
+    ctx->state = state;
+    ctx->torch_device = -1;
+}
+
 /*
  * The buffer protocol is the way in for NumPy arrays (it reads ml_dtypes
  * bfloat16, which DLPack cannot describe) and for buffers without DLPack.
@@ -647,16 +922,24 @@ static int prefers_buffer(PyObject *obj)
     return !PyObject_HasAttrString(obj, "__dlpack__");
 }
 
-int fmha_tensor_open(PyObject *obj, unsigned flags, const fmha_open_ctx *ctx, fmha_tensor *t)
+int fmha_tensor_open(PyObject *obj, unsigned flags, fmha_open_ctx *ctx, fmha_tensor *t)
 {
+    const fmha_module_state *st = ctx->state;
+    PyObject *capsule;
     int rc;
-    if (ctx->tensor_type && PyObject_TypeCheck(obj, ctx->tensor_type))
+    if (PyObject_TypeCheck(obj, st->tensor_type))
         rc = open_own_tensor(obj, flags, ctx, t);
     else if (PyObject_CheckBuffer(obj) && prefers_buffer(obj))
         rc = open_buffer(obj, flags, t);
-    else if (PyObject_HasAttrString(obj, "__dlpack__"))
+    else if ((capsule = torch_fast_capsule(obj, ctx)) != NULL)
+        rc = view_capsule(capsule, flags, t);
+    else if (PyErr_Occurred())
+        rc = -1;
+    else if (PyObject_HasAttr(obj, st->names[FMHA_NAME_DLPACK])) {
+        /* Arbitrary Python runs here and may switch torch's device or stream. */
+        ctx->torch_device = -1;
         rc = open_dlpack(obj, flags, ctx, t);
-    else {
+    } else {
         PyErr_Format(PyExc_TypeError, "%s must be an array (buffer protocol or DLPack: NumPy, "
                      "torch, CuPy, JAX), got %.200s", t->name, Py_TYPE(obj)->tp_name);
         rc = -1;

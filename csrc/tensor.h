@@ -32,12 +32,117 @@ typedef enum fmha_elem {
     FMHA_ELEM_I32 = 3,
 } fmha_elem;
 
-/* Per-module state (multi-phase init): what both module.c and tensor.c raise
- * or create. */
+/*
+ * Python names the hot paths look up on every call, interned once at module
+ * init so that a lookup is a pointer-keyed dict probe rather than a new
+ * string, a hash and an intern-table probe.  X(id, "text").
+ */
+#define FMHA_NAMES(X)                                                                  \
+    X(DLPACK, "__dlpack__")                                                            \
+    X(DLPACK_DEVICE, "__dlpack_device__")                                              \
+    X(STREAM, "stream")                                                                \
+    X(MAX_VERSION, "max_version")                                                      \
+    X(DTYPE, "dtype")                                                                  \
+    X(EMPTY, "empty")                                                                  \
+    X(NUMPY, "numpy")                                                                  \
+    X(TORCH, "torch")                                                                  \
+    X(REQUIRES_GRAD, "requires_grad")                                                  \
+    X(IS_CONJ, "is_conj")                                                              \
+    X(LAYOUT, "layout")                                                                \
+    X(IS_CPU, "is_cpu")                                                                \
+    X(IS_CUDA, "is_cuda")                                                              \
+    X(GET_DEVICE, "get_device")                                                        \
+    /* argument names of forward/explain/combine (besides those below) */              \
+    X(Q, "q")                                                                          \
+    X(K, "k")                                                                          \
+    X(V, "v")                                                                          \
+    X(RETURN_LSE, "return_lse")                                                        \
+    X(OUT, "out")                                                                      \
+    X(LSE, "lse")                                                                      \
+    X(CACHE_SEQLENS, "cache_seqlens")                                                  \
+    X(K_NEW, "k_new")                                                                  \
+    X(V_NEW, "v_new")                                                                  \
+    X(OUTS, "outs")                                                                    \
+    X(LSES, "lses")                                                                    \
+    X(MET, "met")                                                                      \
+    X(WHY, "why")                                                                      \
+    /* explain() keys (besides dtype) */                                               \
+    X(BACKEND, "backend")                                                              \
+    X(SUPPORTED, "supported")                                                          \
+    X(KERNEL, "kernel")                                                                \
+    X(KERNEL_ID, "kernel_id")                                                          \
+    X(NUM_SPLITS, "num_splits")                                                        \
+    X(REQUESTED_SPLITS, "requested_splits")                                            \
+    X(BLOCK_M, "block_m")                                                              \
+    X(BLOCK_N, "block_n")                                                              \
+    X(PACK_GQA, "pack_gqa")                                                            \
+    X(REASON, "reason")                                                                \
+    X(GATE, "gate")                                                                    \
+    X(BATCH, "batch")                                                                  \
+    X(SEQLEN_Q, "seqlen_q")                                                            \
+    X(SEQLEN_K, "seqlen_k")                                                            \
+    X(HEADS_Q, "heads_q")                                                              \
+    X(HEADS_KV, "heads_kv")                                                            \
+    X(HEAD_DIM, "head_dim")                                                            \
+    X(CAUSAL, "causal")                                                                \
+    X(SOFTMAX_SCALE, "softmax_scale")                                                  \
+    X(KV_CACHE, "kv_cache")                                                            \
+    X(SEQLEN_NEW, "seqlen_new")                                                        \
+    X(DEVICE, "device")                                                                \
+    X(DEVICE_ORDINAL, "device_ordinal")                                                \
+    X(ARCH, "arch")                                                                    \
+    X(SM_COUNT, "sm_count")                                                            \
+    X(INPUTS_ON_HOST, "inputs_on_host")                                                \
+    X(CPU_THREADS, "cpu_threads")                                                      \
+    X(CPU_SIMD, "cpu_simd")                                                            \
+    X(GPU_REJECTED, "gpu_rejected")
+
+typedef enum fmha_name {
+#define FMHA_NAME_ENUM(id, text) FMHA_NAME_##id,
+    FMHA_NAMES(FMHA_NAME_ENUM)
+#undef FMHA_NAME_ENUM
+    FMHA_NAME_COUNT
+} fmha_name;
+
+/*
+ * torch entry points for the DLPack fast path of exact torch.Tensor inputs
+ * (tensor.c, torch_fast_capsule), resolved the first time such a tensor is seen.
+ * torch.Tensor.__dlpack__ and __dlpack_device__ are Python functions costing
+ * microseconds each (tens on CUDA, where __dlpack__ also builds stream
+ * objects); the fast path performs their checks in C and calls the exporter
+ * they end in.  state: 0 not resolved yet, 1 usable, -1 unusable (an entry
+ * point is missing: every torch tensor takes the generic DLPack path).
+ */
+typedef struct fmha_torch_hooks {
+    int state;
+    PyObject *tensor_type;        /* torch.Tensor */
+    PyObject *strided;            /* torch.strided */
+    PyObject *to_dlpack;          /* torch._C._to_dlpack_versioned, what __dlpack__ calls */
+    PyObject *has_torch_function; /* torch._C._has_torch_function_unary */
+    PyObject *current_device;     /* torch.cuda.current_device (NULL: no CUDA fast path) */
+    PyObject *current_stream;     /* torch._C._cuda_getCurrentRawStream (NULL: likewise) */
+} fmha_torch_hooks;
+
+/* Per-module state (multi-phase init): what both module.c and tensor.c raise,
+ * create or look up. */
 typedef struct fmha_module_state {
     PyObject *error;            /* fmha_native.FmhaError (RuntimeError) */
     PyTypeObject *tensor_type;  /* fmha_native.Tensor */
+    PyObject *names[FMHA_NAME_COUNT]; /* interned FMHA_NAMES */
+    PyObject *dlpack_version;   /* (FMHA_DLPACK_MAJOR_VERSION, FMHA_DLPACK_MINOR_VERSION) */
+    PyObject *kw_stream_version; /* ("stream", "max_version"): __dlpack__ keyword names */
+    PyObject *kw_version;       /* ("max_version",) */
+    PyObject *kw_stream;        /* ("stream",) */
+    PyObject *kw_dtype;         /* ("dtype",): numpy.empty's keyword */
+    fmha_torch_hooks torch;
 } fmha_module_state;
+
+/* Fill the names and constant tuples of st (module init); 0 or -1. */
+int fmha_state_init(fmha_module_state *st);
+
+/* GC support for what fmha_state_init and the torch hooks hold. */
+int fmha_state_traverse(fmha_module_state *st, visitproc visit, void *arg);
+void fmha_state_clear(fmha_module_state *st);
 
 /* Raise the exception that status means (FMHA_OK raises nothing and returns
  * 0); what names the operation.  Returns -1 otherwise. */
@@ -49,12 +154,19 @@ int fmha_raise_status(const fmha_module_state *st, fmha_status status, const cha
 /*
  * What fmha_tensor_open needs to know besides the object: the stream the
  * call will launch on (passed to __dlpack__ of device tensors so the producer
- * orders its pending work before ours) and the Tensor type of this module.
+ * orders its pending work before ours) and the module state (Tensor type,
+ * interned names, torch hooks).  One context serves all the tensors of one
+ * call; torch_device memoises the torch fast path's device check for it.
  */
 typedef struct fmha_open_ctx {
     void *stream;               /* the launch stream; NULL = the default stream */
-    PyTypeObject *tensor_type;  /* fmha_native.Tensor, or NULL */
+    fmha_module_state *state;   /* this module's state, or NULL (generic paths only) */
+    int torch_device;           /* CUDA ordinal whose current device and stream were
+                                   found to match this call; -1 = none checked */
 } fmha_open_ctx;
+
+/* A context for one call on stream. */
+void fmha_open_ctx_init(fmha_open_ctx *ctx, fmha_module_state *state, void *stream);
 
 typedef struct fmha_tensor {
     const char *name;           /* the argument's name, for messages */
@@ -95,12 +207,13 @@ void fmha_tensor_init(fmha_tensor *t, const char *name);
 
 /*
  * View obj: buffer protocol first (NumPy, incl. ml_dtypes bfloat16), else
- * DLPack, else TypeError naming the argument.  Checks only what the view
+ * DLPack (exact torch.Tensor through the torch fast path when it applies),
+ * else TypeError naming the argument.  ctx->state must be set.  Checks only what the view
  * itself needs: a supported dtype and device, at most FMHA_TENSOR_MAX_NDIM
  * dimensions, strides that are whole elements, and writability under
  * FMHA_OPEN_WRITE.  Returns 0, or -1 with an exception set and t released.
  */
-int fmha_tensor_open(PyObject *obj, unsigned flags, const fmha_open_ctx *ctx, fmha_tensor *t);
+int fmha_tensor_open(PyObject *obj, unsigned flags, fmha_open_ctx *ctx, fmha_tensor *t);
 
 /* Release everything the view holds.  Idempotent. */
 void fmha_tensor_close(fmha_tensor *t);

@@ -28,9 +28,20 @@ __all__ = ["FmhaError", "Tensor", "combine", "explain", "forward", "info", "refe
 _INPUT_KEYWORDS = ("cache_seqlens", "k_new", "v_new")
 
 
+# The torch module and its Tensor type, set the first time a torch tensor is
+# seen (this module never imports torch itself), and the cheapest way to ask
+# torch for the current stream of a device.
+_torch = None
+_torch_tensor = None
+_torch_raw_stream = None
+
+
 def _library(obj):
     """'torch', 'cupy' or None: which known array library made obj."""
-    module = type(obj).__module__ or ""
+    cls = type(obj)
+    if cls is _torch_tensor:
+        return "torch"
+    module = cls.__module__ or ""
     if module == "torch" or module.startswith("torch."):
         return "torch"
     if module == "cupy" or module.startswith("cupy."):
@@ -38,17 +49,39 @@ def _library(obj):
     return None
 
 
+def _load_torch():
+    global _torch, _torch_tensor, _torch_raw_stream
+    if _torch is None:
+        import torch
+
+        # torch.cuda.current_stream(i).cuda_stream builds a Stream object;
+        # the raw handle it wraps comes from this function (what torch's own
+        # compiled code calls), when this torch has it.
+        _torch_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+        _torch_tensor = torch.Tensor
+        _torch = torch
+    return _torch
+
+
 def _torch_context(q, kw):
-    """(context manager, kw) for a torch call: current stream and device."""
-    import contextlib
+    """(device context or None, kw) for a torch call: current stream and device.
 
-    import torch
-
-    if q.device.type == "cuda":
+    The context switches torch's current device to q's for the call (torch's
+    __dlpack__ requires it); it is None when q is on the host or already on the
+    current device, where switching would change nothing.
+    """
+    torch = _load_torch()
+    if q.is_cuda:
+        index = q.get_device()
+        current = torch.cuda.current_device()  # also torch's lazy CUDA init
         if kw.get("stream") is None:
-            kw["stream"] = torch.cuda.current_stream(q.device).cuda_stream
-        return torch.cuda.device(q.device), kw
-    return contextlib.nullcontext(), kw
+            if _torch_raw_stream is not None:
+                kw["stream"] = _torch_raw_stream(index)
+            else:
+                kw["stream"] = torch.cuda.current_stream(index).cuda_stream
+        if current != index:
+            return torch.cuda.device(index), kw
+    return None, kw
 
 
 def _cupy_context(q, kw):
@@ -61,13 +94,13 @@ def _cupy_context(q, kw):
 
 def _detach(x):
     """x without autograd history (shares memory), for a torch input that has one."""
-    if _library(x) == "torch" and x.requires_grad:
+    if (type(x) is _torch_tensor or _library(x) == "torch") and x.requires_grad:
         return x.detach()
     return x
 
 
 def _torch_forward_outputs(q, kw):
-    import torch
+    torch = _torch
 
     if kw.get("out") is None:
         kw["out"] = torch.empty(q.shape, dtype=q.dtype, device=q.device)
@@ -86,24 +119,22 @@ def _cupy_forward_outputs(q, kw):
         kw["lse"] = cupy.empty((batch, heads_q, seqlen_q), dtype=cupy.float32)
 
 
-def _prepare(q, k, v, kw, allocate):
-    """Common glue of forward/explain: (context, q, k, v, kw)."""
-    import contextlib
-
-    lib = _library(q)
-    if lib is None:
-        return contextlib.nullcontext(), q, k, v, kw
+def _prepare(lib, q, k, v, kw, allocate):
+    """Common glue of forward/explain for torch or CuPy q: (context or None, q, k, v, kw)."""
     kw = dict(kw)
     if lib == "torch":
         q, k, v = _detach(q), _detach(k), _detach(v)
-        for key in _INPUT_KEYWORDS:
-            if kw.get(key) is not None:
-                kw[key] = _detach(kw[key])
+        if kw:
+            for key in _INPUT_KEYWORDS:
+                x = kw.get(key)
+                if x is not None:
+                    kw[key] = _detach(x)
         ctx, kw = _torch_context(q, kw)
         # Only a well-formed q gets outputs here, and device tensors with
         # device="cpu" get none: _C reports those errors.
-        device_tensor = q.device.type != "cpu"
-        if allocate and q.dim() == 4 and not (device_tensor and kw.get("device") == "cpu"):
+        if (allocate and q.dim() == 4 and
+                not (kw.get("device") == "cpu" and q.device.type != "cpu") and
+                (kw.get("out") is None or kw.get("lse") is None)):
             _torch_forward_outputs(q, kw)
         return ctx, q, k, v, kw
     ctx, kw = _cupy_context(q, kw)
@@ -125,7 +156,12 @@ def forward(q, k, v, **kw):
     ``v_new`` [batch, seqlen_new, heads_kv, head_dim] are written into it at
     cache_seqlens[b] before attending.
     """
-    ctx, q, k, v, kw = _prepare(q, k, v, kw, allocate=True)
+    lib = _library(q)
+    if lib is None:
+        return _C.forward(q, k, v, **kw)
+    ctx, q, k, v, kw = _prepare(lib, q, k, v, kw, allocate=True)
+    if ctx is None:
+        return _C.forward(q, k, v, **kw)
     with ctx:
         return _C.forward(q, k, v, **kw)
 
@@ -137,7 +173,12 @@ def explain(q, k, v, **kw):
     num_splits, block_m, block_n, pack_gqa, reason, gate ({requirement: {"met",
     "why"}}), supported, and the problem's dimensions.
     """
-    ctx, q, k, v, kw = _prepare(q, k, v, kw, allocate=False)
+    lib = _library(q)
+    if lib is None:
+        return _C.explain(q, k, v, **kw)
+    ctx, q, k, v, kw = _prepare(lib, q, k, v, kw, allocate=False)
+    if ctx is None:
+        return _C.explain(q, k, v, **kw)
     with ctx:
         return _C.explain(q, k, v, **kw)
 
@@ -150,15 +191,12 @@ def combine(outs, lses, **kw):
     row sums, lses float32 [G, batch, heads, seqlen_q].  out has outs' dtype
     [batch, seqlen_q, heads, head_dim]; lse is float32 [batch, heads, seqlen_q].
     """
-    import contextlib
-
     lib = _library(outs)
-    ctx = contextlib.nullcontext()
+    ctx = None
     if lib == "torch" and outs.dim() == 5:
-        import torch
-
         outs, lses = _detach(outs), _detach(lses)
         ctx, kw = _torch_context(outs, dict(kw))
+        torch = _torch
         g, batch, seqlen_q, heads, head_dim = outs.shape
         if kw.get("out") is None:
             kw["out"] = torch.empty((batch, seqlen_q, heads, head_dim), dtype=outs.dtype,
@@ -175,6 +213,8 @@ def combine(outs, lses, **kw):
             kw["out"] = cupy.empty((batch, seqlen_q, heads, head_dim), dtype=outs.dtype)
         if kw.get("lse") is None:
             kw["lse"] = cupy.empty((batch, heads, seqlen_q), dtype=cupy.float32)
+    if ctx is None:
+        return _C.combine(outs, lses, **kw)
     with ctx:
         return _C.combine(outs, lses, **kw)
 
