@@ -34,7 +34,7 @@ if has tests; then
   tail -15 "$OUT/pytest_gpu.log"
 fi
 if has fulltests; then
-  python3 -m pytest -q -p no:cacheprovider -n 8 tests > "$OUT/pytest_all.log" 2>&1 || status=1
+  python3 -m pytest -q -rs -p no:cacheprovider -n 8 tests > "$OUT/pytest_all.log" 2>&1 || status=1
   grep -E "FAILED|ERROR|passed|failed" "$OUT/pytest_all.log" | tail -30
 fi
 if has sanitize; then
