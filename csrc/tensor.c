@@ -913,13 +913,13 @@ void fmha_open_ctx_init(fmha_open_ctx *ctx, fmha_module_state *state, void *stre
  * Other objects that export both go through DLPack: CuPy arrays, for one,
  * claim the buffer protocol but refuse it for device memory.
  */
-static int prefers_buffer(PyObject *obj)
+static int prefers_buffer(const fmha_module_state *st, PyObject *obj)
 {
     PyTypeObject *type = Py_TYPE(obj);
     for (PyTypeObject *t = type; t; t = t->tp_base)
         if (strcmp(t->tp_name, "numpy.ndarray") == 0)
             return 1;
-    return !PyObject_HasAttrString(obj, "__dlpack__");
+    return !PyObject_HasAttr(obj, st->names[FMHA_NAME_DLPACK]);
 }
 
 int fmha_tensor_open(PyObject *obj, unsigned flags, fmha_open_ctx *ctx, fmha_tensor *t)
@@ -929,7 +929,7 @@ int fmha_tensor_open(PyObject *obj, unsigned flags, fmha_open_ctx *ctx, fmha_ten
     int rc;
     if (PyObject_TypeCheck(obj, st->tensor_type))
         rc = open_own_tensor(obj, flags, ctx, t);
-    else if (PyObject_CheckBuffer(obj) && prefers_buffer(obj))
+    else if (PyObject_CheckBuffer(obj) && prefers_buffer(st, obj))
         rc = open_buffer(obj, flags, t);
     else if ((capsule = torch_fast_capsule(obj, ctx)) != NULL)
         rc = view_capsule(capsule, flags, t);
