@@ -86,6 +86,8 @@ typedef struct fmha_fwd_params {
     const void *k_new;        /* [batch, seqlen_new, heads_kv, head_dim] appended at seqlens_k[b] */
     const void *v_new;
     int64_t seqlen_new;       /* rows of k_new/v_new; attention then covers seqlens_k[b] + seqlen_new keys */
+    int64_t total_keys;       /* sum over the batch of seqlens_k[b] + seqlen_new (0 = not known);
+                                 the planner sizes ragged batches by it */
     int64_t knew_batch_stride, knew_row_stride, knew_head_stride;
     int64_t vnew_batch_stride, vnew_row_stride, vnew_head_stride;
 
@@ -95,6 +97,9 @@ typedef struct fmha_fwd_params {
     int block_n;            /* key rows per tile */
     int pack_gqa;           /* 1: the heads_q/heads_kv query heads of one kv head share a tile */
     int kernel;             /* backend-specific kernel id chosen by the planner */
+    int split_blocks;       /* GPU: key blocks per split for every batch entry (ragged batches:
+                               long entries get more non-empty splits); 0 = each entry's blocks
+                               divided by num_splits */
 
     /* ---- split scratch (backend-owned, used when num_splits >= 2) ----
      * o_accum   [num_splits, batch, seqlen_q, heads_q, head_dim] fp32, contiguous
@@ -172,6 +177,7 @@ typedef struct fmha_plan {
     int num_splits;         /* effective split count */
     int block_m, block_n;
     int pack_gqa;
+    int split_blocks;       /* see fmha_fwd_params.split_blocks */
     int n_gate;
     fmha_gate_item gate[FMHA_GATE_MAX];
     char reason[320];       /* why this kernel and split count (or why unsupported) */

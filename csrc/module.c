@@ -386,6 +386,7 @@ typedef struct fmha_fwd_call {
     fmha_tensor q, k, v, out, lse, seqlens, k_new, v_new;
     int append;                 /* k_new/v_new are written into k/v */
     int32_t max_seqlen;         /* longest cache_seqlens entry */
+    int64_t total_keys;         /* sum of cache_seqlens + appended rows over the batch */
 
     /* decision */
     fmha_fwd_params p;
@@ -655,6 +656,7 @@ static int check_cache_seqlens(const fmha_module_state *st, fmha_fwd_call *c, in
     }
     int64_t capacity = c->k.shape[1];
     c->max_seqlen = 0;
+    c->total_keys = 0;
     for (int64_t b = 0; b < batch; b++) {
         int32_t s;
         memcpy(&s, base + b * stride * (int64_t)sizeof s, sizeof s);
@@ -667,6 +669,7 @@ static int check_cache_seqlens(const fmha_module_state *st, fmha_fwd_call *c, in
         }
         if (s > c->max_seqlen)
             c->max_seqlen = s;
+        c->total_keys += (int64_t)s + seqlen_new;
     }
     free(host);
     return 0;
@@ -932,8 +935,9 @@ static fmha_status plan_for(fmha_fwd_call *c, fmha_backend backend, int actual, 
         p->seqlens_k = c->seqlens.present ? (const int32_t *)c->seqlens.data : NULL;
     }
     if (planned.seqlens_k) {
-        /* The longest cache length; the planner adds the appended rows. */
+        /* The longest cache length (the planner adds the appended rows) and all keys. */
         planned.seqlen_k = c->max_seqlen;
+        planned.total_keys = c->total_keys;
     }
     int memo = plan == &c->plan;
     if (memo && c->plan_memo &&

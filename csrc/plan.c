@@ -226,6 +226,43 @@ static int gpu_rows_aligned(const fmha_fwd_params *p)
     return ok;
 }
 
+/*
+ * A ragged batch (per-entry key lengths): cutting every entry into the same
+ * number of splits lets the longest entry's pieces set the time.  Instead all
+ * entries are cut into chunks of the same size, c key blocks, so an entry of
+ * n blocks has ceil(n / c) non-empty splits; c is chosen with the same time
+ * model as choose_splits, on the batch's total key blocks.  Only for the
+ * heuristic: with a forced num_splits a row's result must not depend on the
+ * other batch entries, and the chunk size would.
+ */
+static void plan_ragged(const fmha_fwd_params *p, int64_t tiles_per_entry, int64_t slots,
+                        int64_t max_blocks, const gpu_tiles *t, fmha_plan *plan, char *why,
+                        size_t why_len)
+{
+    const int64_t total_blocks = ceil_div(p->total_keys, t->block_n);
+    const int64_t partial = split_partial_cost(t->block_m, t->block_n);
+    int64_t limit = max_blocks / FMHA_MIN_BLOCKS_PER_SPLIT;
+    limit = limit < FMHA_MAX_HEURISTIC_SPLITS ? limit : FMHA_MAX_HEURISTIC_SPLITS;
+    int64_t best_s = 1, best_cost = INT64_MAX;
+    for (int64_t s = 1; s <= (limit > 1 ? limit : 1); s++) {
+        const int64_t chunk = ceil_div(max_blocks, s);
+        /* each entry's last chunk is on average half full */
+        const int64_t ctas = tiles_per_entry * (ceil_div(total_blocks, chunk) + p->batch / 2);
+        const int64_t cost = ceil_div(ctas, slots) *
+                             (chunk + FMHA_SPLIT_OVERHEAD_BLOCKS + (s > 1 ? partial : 0));
+        if (cost < best_cost) {
+            best_cost = cost;
+            best_s = s;
+        }
+    }
+    const int64_t chunk = ceil_div(max_blocks, best_s);
+    plan->num_splits = (int)best_s;
+    plan->split_blocks = best_s > 1 ? (int)chunk : 0;
+    snprintf(why, why_len, "ragged batch, %lld key blocks in all, longest %lld: chunks of %lld "
+             "key blocks, up to %lld per entry", (long long)total_blocks, (long long)max_blocks,
+             (long long)chunk, (long long)best_s);
+}
+
 /* Resident CTAs per SM of the tensor-core kernel: measured by the runtime
  * (registers and shared memory) when known, else as its shared memory allows. */
 static int gpu_ctas_per_sm(const fmha_device_info *dev, int kernel, int row, int64_t head_dim,
@@ -334,8 +371,11 @@ static void plan_gpu(const fmha_fwd_params *p, const fmha_target *t, int request
     int64_t slots = (int64_t)dev->sm_count *
                     gpu_ctas_per_sm(dev, kernel, config_row, p->head_dim, &tiles);
     char why[160];
-    plan->num_splits = plan_splits(requested, n_tiles, slots, key_blocks, tiles.block_m,
-                                   tiles.block_n, why, sizeof why);
+    if (requested == 0 && p->seqlens_k && p->total_keys > 0 && p->batch > 1)
+        plan_ragged(p, n_tiles / p->batch, slots, key_blocks, &tiles, plan, why, sizeof why);
+    else
+        plan->num_splits = plan_splits(requested, n_tiles, slots, key_blocks, tiles.block_m,
+                                       tiles.block_n, why, sizeof why);
     snprintf(plan->kernel, sizeof plan->kernel, "fwd_%s<%s,d%lld%s%s>%s",
              kernel == FMHA_KERNEL_GPU_DECODE ? "decode" : kernel == FMHA_KERNEL_GPU_MID ? "mid" : "mma",
              dtype_name(p->dtype), (long long)p->head_dim, p->causal ? ",causal" : "",
@@ -362,6 +402,7 @@ fmha_status fmha_plan_make(const fmha_fwd_params *p, const fmha_target *t, int r
 
 void fmha_plan_apply(const fmha_plan *plan, fmha_fwd_params *p)
 {
+    p->split_blocks = plan->split_blocks;
     p->num_splits = plan->num_splits;
     p->block_m = plan->block_m;
     p->block_n = plan->block_n;

@@ -176,7 +176,8 @@ __device__ __forceinline__ cta_work make_work(const fmha_fwd_params &p)
     w.len_k = p.seqlens_k ? (int64_t)p.seqlens_k[w.b] + p.seqlen_new : p.seqlen_k;
 
     int64_t n_blocks = (w.len_k + BLOCK_N - 1) / BLOCK_N;
-    int64_t per_split = (n_blocks + p.num_splits - 1) / p.num_splits;
+    int64_t per_split = p.split_blocks > 0 ? p.split_blocks
+                                           : (n_blocks + p.num_splits - 1) / p.num_splits;
     int64_t begin = w.split * per_split;
     int64_t end = begin + per_split < n_blocks ? begin + per_split : n_blocks;
     if (CAUSAL) {
