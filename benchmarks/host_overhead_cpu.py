@@ -44,6 +44,7 @@ def per_call_us(fn, calls, repeats):
 
 # Decode-like shapes: one query row per sequence, GQA 4:1, a few keys.
 BATCH, SEQLEN_Q, HEADS_Q, HEADS_KV, SEQLEN_K, HEAD_DIM = 1, 1, 4, 1, 8, 16
+GPU_HEAD_DIM = 64  # the smallest head_dim the GPU kernels cover
 
 
 def numpy_rows():
@@ -66,9 +67,10 @@ def numpy_rows():
 def torch_inputs(device):
     gen = torch.Generator().manual_seed(0)
     dt = torch.bfloat16
-    q = torch.randn(BATCH, SEQLEN_Q, HEADS_Q, HEAD_DIM, generator=gen).to(device, dt)
-    k = torch.randn(BATCH, SEQLEN_K, HEADS_KV, HEAD_DIM, generator=gen).to(device, dt)
-    v = torch.randn(BATCH, SEQLEN_K, HEADS_KV, HEAD_DIM, generator=gen).to(device, dt)
+    d = GPU_HEAD_DIM if device != "cpu" else HEAD_DIM
+    q = torch.randn(BATCH, SEQLEN_Q, HEADS_Q, d, generator=gen).to(device, dt)
+    k = torch.randn(BATCH, SEQLEN_K, HEADS_KV, d, generator=gen).to(device, dt)
+    v = torch.randn(BATCH, SEQLEN_K, HEADS_KV, d, generator=gen).to(device, dt)
     out = torch.empty_like(q)
     lse = torch.empty(BATCH, HEADS_Q, SEQLEN_Q, dtype=torch.float32, device=device)
     return q, k, v, out, lse
