@@ -210,6 +210,11 @@ void fmha_plan_apply(const fmha_plan *plan, fmha_fwd_params *p);
 int fmha_rows_aligned(const void *data, int64_t batch_stride, int64_t row_stride,
                       int64_t head_stride, int64_t head_dim, int64_t align_elems, int64_t elem_bytes);
 
+/* Whether the AMD kernels were built for a device's gcnArchName (e.g.
+ * "gfx90a:sramecc+:xnack-": code objects are feature-agnostic, so only the part
+ * before the first ':' counts); always 0 in a build without HIP kernels. */
+int fmha_hip_arch_built(const char *arch);
+
 /* Number of key blocks a split can own: ceil(max keys / block_n), at least 1. */
 int64_t fmha_num_key_blocks(const fmha_fwd_params *p, int block_n);
 

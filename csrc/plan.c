@@ -282,12 +282,10 @@ static int gpu_ctas_per_sm(const fmha_device_info *dev, int kernel, int row, int
 #endif
 
 /*
- * Whether the AMD kernels were built for a device's gcnArchName (e.g.
- * "gfx90a:sramecc+:xnack-"; code objects are built feature-agnostic, so only
- * the processor before the first ':' counts).  Launching without a code object
- * would make the HIP runtime abort, so the gate refuses it here.
+ * Launching without a code object would make the HIP runtime abort, so both
+ * the gate here and the launcher (kernels/runtime.hip) ask this first.
  */
-static int hip_arch_built(const char *arch)
+int fmha_hip_arch_built(const char *arch)
 {
     size_t len = strcspn(arch, ":");
     for (const char *p = FMHA_HIP_ARCHS_BUILT; *p;) {
@@ -317,7 +315,7 @@ static void plan_gpu(const fmha_fwd_params *p, const fmha_target *t, int request
         gate_add(plan, "arch", ok, "compute capability %d.%d %s 8.0 (mma.sync m16n8k16, cp.async)",
                  dev->cc_major, dev->cc_minor, ok ? ">=" : "<");
     } else if (dev) {
-        int ok = hip_arch_built(dev->arch);
+        int ok = fmha_hip_arch_built(dev->arch);
         gate_add(plan, "arch", ok, "%s %s the archs built (%s)", dev->arch,
                  ok ? "is among" : "is not among", FMHA_HIP_ARCHS_BUILT);
     }

@@ -24,7 +24,6 @@ fmha_status use_device(int device);
  * FMHA_HIP_ARCHS_BUILT), where launching would make the HIP runtime abort. */
 #if FMHA_DEVICE_IS_AMD
 fmha_status check_code_object(int device);
-bool arch_built(const char *gcn_arch_name);
 #else
 inline fmha_status check_code_object(int) { return FMHA_OK; } /* the planner gates sm_80+ */
 #endif

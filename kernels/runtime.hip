@@ -62,19 +62,6 @@ fmha_status use_device(int device)
 #error "the build passes FMHA_HIP_ARCHS_BUILT, the ';' list of --offload-arch targets"
 #endif
 
-bool arch_built(const char *gcn_arch_name)
-{
-    /* "gfx90a:sramecc+:xnack-" -> "gfx90a": code objects are built feature-agnostic. */
-    size_t len = strcspn(gcn_arch_name, ":");
-    for (const char *p = FMHA_HIP_ARCHS_BUILT; *p;) {
-        size_t n = strcspn(p, ";");
-        if (n == len && strncmp(p, gcn_arch_name, len) == 0)
-            return true;
-        p += n + (p[n] == ';');
-    }
-    return false;
-}
-
 fmha_status check_code_object(int device)
 {
     /* Per device: 0 not checked yet, 1 built, -1 not built (properties never change). */
@@ -87,7 +74,7 @@ fmha_status check_code_object(int device)
         hipError_t err = hipGetDeviceProperties(&prop, device);
         if (err != hipSuccess)
             return record_error("hipGetDeviceProperties", err);
-        k = arch_built(prop.gcnArchName) ? 1 : -1;
+        k = fmha_hip_arch_built(prop.gcnArchName) ? 1 : -1;
         known[device].store(k, std::memory_order_relaxed);
     }
     if (k > 0)
@@ -140,7 +127,7 @@ fmha_status fmha_rt_query_device(int ordinal, fmha_device_info *info)
     snprintf(info->arch, sizeof info->arch, "%s", prop.gcnArchName);
     /* Without a code object for this arch the occupancy queries below would
      * make the HIP runtime abort; the planner refuses the device instead. */
-    if (!fmha::arch_built(prop.gcnArchName))
+    if (!fmha_hip_arch_built(prop.gcnArchName))
         return FMHA_OK;
 #else
     info->max_smem_per_block = (int)prop.sharedMemPerBlockOptin;
