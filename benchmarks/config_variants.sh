@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
 # Tile-table experiments: build copies of the tree whose csrc/fmha_config.h has
-# one row replaced, and benchmark each on the same shapes.
-#   bash benchmarks/config_variants.sh "<bench args>" "<old row>" "<new row>" ["<new row>" ...]
-# e.g. ... "--set gpu --only 2,3" "X(64, 128, 128, 8, 2, 1)" "X(64, 128, 64, 8, 2, 2)"
+# one line replaced (a tile row, a heuristic constant), and run the same
+# benchmark on each (default script: benchmarks/bench.py).
+#   bash benchmarks/config_variants.sh "<bench args>" "<old line>" "<new line>" ["<new line>" ...]
+#   BENCH=benchmarks/sweep_splits.py bash benchmarks/config_variants.sh "<sweep args>" ...
+# "{i}" in the arguments becomes the variant's index (0 = the unchanged tree).
+# e.g. ... "--set gpu --only 2,3" "X(64, 64, 128, 4, 2, 2)" "X(64, 64, 64, 4, 3, 3)"
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 bench_args=$1 old=$2; shift 2
+bench=${BENCH:-benchmarks/bench.py}
 variants=("$old" "$@")
 for i in "${!variants[@]}"; do
   dir=/tmp/cfg$i
@@ -25,5 +29,5 @@ wait
 for i in "${!variants[@]}"; do
   echo "== ${variants[$i]}"
   (cd /tmp && PYTHONPATH=/tmp/cfg$i/src python3 /tmp/cfg$i/benchmarks/gpu_check.py --quick | tail -1)
-  (cd /tmp && PYTHONPATH=/tmp/cfg$i/src python3 /tmp/cfg$i/benchmarks/bench.py $bench_args 2>/dev/null | tail -n +3)
+  (cd /tmp && PYTHONPATH=/tmp/cfg$i/src python3 /tmp/cfg$i/$bench ${bench_args//\{i\}/$i} 2>/dev/null | tail -n +3)
 done

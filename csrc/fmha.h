@@ -16,6 +16,8 @@
 #ifndef FMHA_H
 #define FMHA_H
 
+#include "fmha_config.h"
+
 #include <stddef.h>
 #include <stdint.h>
 
@@ -153,8 +155,8 @@ typedef struct fmha_device_info {
     char name[256];
     char arch[64];          /* "sm_90" or gcnArchName */
     /* Resident CTAs per SM of the compiled producer, [kernel id - 1] (prefill,
-     * decode, mid tiles), indexed by the row of the tile table (0 = unknown). */
-    int ctas_per_sm[3][FMHA_GPU_MAX_CONFIGS];
+     * decode tiles), indexed by the row of the tile table (0 = unknown). */
+    int ctas_per_sm[FMHA_GPU_KERNELS][FMHA_GPU_MAX_CONFIGS];
 } fmha_device_info;
 
 /* One requirement of a backend's capability gate. */

@@ -11,13 +11,16 @@
 
 /* Kernel ids, shared by planner and launcher. */
 #define FMHA_KERNEL_CPU_TILED 0   /* CPU: block_m x block_n tiles, online softmax */
-#define FMHA_KERNEL_GPU_MMA 1     /* GPU: tensor-core tiles (mma.sync / MFMA), prefill */
+#define FMHA_KERNEL_GPU_MMA 1     /* GPU: tensor-core tiles (wgmma / mma.sync / MFMA) */
 #define FMHA_KERNEL_GPU_DECODE 2  /* GPU: same kernel, few packed rows, deep K/V ring */
-#define FMHA_KERNEL_GPU_MID 3     /* GPU: same kernel, one warpgroup of rows (speculative decoding) */
-#define FMHA_GPU_KERNELS 3        /* GPU kernel ids are 1..FMHA_GPU_KERNELS */
+#define FMHA_GPU_KERNELS 2        /* GPU kernel ids are 1..FMHA_GPU_KERNELS */
 
 /*
- * GPU tensor-core producer, one row per head_dim:
+ * GPU tensor-core producer, one row per head_dim.  One warpgroup of 64 rows
+ * per CTA, two CTAs per SM: the two CTAs drift apart, so one's softmax runs
+ * while the other's tile products do (H200: d64 prefill 1.12x the 128-row,
+ * two-warpgroup CTA at one per SM; benchmarks/RESULTS.md).  Up to 64 packed
+ * rows (speculative decoding, chunked prefill) it also packs GQA heads.
  *   X(head_dim, block_m, block_n, warps, stages, ctas)
  *   head_dim  features per head (compile-time in the kernel)
  *   block_m   query rows per CTA; each warp owns block_m / warps rows
@@ -27,8 +30,8 @@
  *   ctas      CTAs per SM the register budget is cut for (__launch_bounds__)
  */
 #define FMHA_GPU_MMA_CONFIGS(X) \
-    X(64, 128, 128, 8, 2, 1)    \
-    X(128, 128, 64, 8, 2, 1)
+    X(64, 64, 128, 4, 2, 2)     \
+    X(128, 64, 64, 4, 2, 2)
 
 /*
  * GPU decode tiles, for few rows per kv head (decode, speculative decoding):
@@ -42,18 +45,6 @@
 
 /* Packed rows per kv head up to which the planner picks the decode tiles. */
 #define FMHA_GPU_DECODE_MAX_ROWS 16
-
-/*
- * GPU mid tiles, for up to 64 (packed) rows: speculative decoding, chunked
- * prefill, short queries.  One warpgroup of rows, so 128-row prefill tiles
- * do not spend half their tensor-core work on padding.  Same fields.
- */
-#define FMHA_GPU_MID_CONFIGS(X) \
-    X(64, 64, 128, 4, 2, 2)     \
-    X(128, 64, 64, 4, 2, 2)
-
-/* Rows up to which the planner picks the mid tiles. */
-#define FMHA_GPU_MID_MAX_ROWS 64
 
 /* CPU tiles: query rows and keys per step (any head_dim 1..FMHA_CPU_MAX_HEAD_DIM). */
 #define FMHA_CPU_BLOCK_M 16

@@ -168,16 +168,12 @@ static int gpu_mma_config(int64_t head_dim, gpu_tiles *t, int *row)
     return 0;
 }
 
-/* The decode or mid tiles for head_dim (every head_dim of the prefill table has both). */
-static int gpu_short_config(int kernel, int64_t head_dim, gpu_tiles *t)
+/* The decode tiles for head_dim (every head_dim of the prefill table has a row). */
+static int gpu_decode_config(int64_t head_dim, gpu_tiles *t)
 {
 #define FMHA_MATCH(hd, bm, bn, w, st, ctas) \
     if (head_dim == (hd)) { *t = (gpu_tiles){bm, bn, w, st}; return 1; }
-    if (kernel == FMHA_KERNEL_GPU_DECODE) {
-        FMHA_GPU_DECODE_CONFIGS(FMHA_MATCH)
-    } else {
-        FMHA_GPU_MID_CONFIGS(FMHA_MATCH)
-    }
+    FMHA_GPU_DECODE_CONFIGS(FMHA_MATCH)
 #undef FMHA_MATCH
     return 0;
 }
@@ -353,11 +349,9 @@ static void plan_gpu(const fmha_fwd_params *p, const fmha_target *t, int request
     int64_t group = p->heads_q / p->heads_kv;
     gpu_tiles tiles = tiles_mma;
     const int64_t packed_rows = p->seqlen_q * group;
-    int kernel = packed_rows <= FMHA_GPU_DECODE_MAX_ROWS ? FMHA_KERNEL_GPU_DECODE
-                 : packed_rows <= FMHA_GPU_MID_MAX_ROWS  ? FMHA_KERNEL_GPU_MID
-                                                         : FMHA_KERNEL_GPU_MMA;
-    if (kernel != FMHA_KERNEL_GPU_MMA && !gpu_short_config(kernel, p->head_dim, &tiles))
-        kernel = FMHA_KERNEL_GPU_MMA;
+    int kernel = packed_rows <= FMHA_GPU_DECODE_MAX_ROWS && gpu_decode_config(p->head_dim, &tiles)
+                     ? FMHA_KERNEL_GPU_DECODE
+                     : FMHA_KERNEL_GPU_MMA;
     plan->kernel_id = kernel;
     plan->pack_gqa = group > 1 && p->seqlen_q * group <= tiles.block_m;
     plan->block_m = tiles.block_m;
@@ -375,13 +369,11 @@ static void plan_gpu(const fmha_fwd_params *p, const fmha_target *t, int request
         plan->num_splits = plan_splits(requested, n_tiles, slots, key_blocks, tiles.block_m,
                                        tiles.block_n, why, sizeof why);
     snprintf(plan->kernel, sizeof plan->kernel, "fwd_%s<%s,d%lld%s%s>%s",
-             kernel == FMHA_KERNEL_GPU_DECODE ? "decode" : kernel == FMHA_KERNEL_GPU_MID ? "mid" : "mma",
+             kernel == FMHA_KERNEL_GPU_DECODE ? "decode" : "mma",
              dtype_name(p->dtype), (long long)p->head_dim, p->causal ? ",causal" : "",
              plan->pack_gqa ? ",pack_gqa" : "", plan->num_splits > 1 ? "+combine" : "");
     snprintf(plan->reason, sizeof plan->reason, "%s tensor-core tiles %dx%d%s; %s",
-             kernel == FMHA_KERNEL_GPU_DECODE ? "decode (few rows per kv head)"
-             : kernel == FMHA_KERNEL_GPU_MID  ? "mid (one warpgroup of rows)"
-                                              : "prefill",
+             kernel == FMHA_KERNEL_GPU_DECODE ? "decode (few rows per kv head)" : "prefill",
              tiles.block_m, tiles.block_n, plan->pack_gqa ? ", query heads of a kv head packed" : "", why);
 }
 

@@ -5,161 +5,189 @@
  *   lse = max_g lse_g + log sum_g exp(lse_g - max_g lse_g)
  *   out = sum_g exp(lse_g - lse) * o_g
  *
- * folded in split order 0..num_splits-1, so results are deterministic.  A
- * split with lse_g = -inf adds nothing; a row whose splits are all -inf gives
- * out = 0 and lse = -inf.  Used after the split producers and by
- * fmha_native.combine.
+ * folded in a fixed order (below), so results are deterministic.  A split
+ * with lse_g = -inf adds nothing; a row whose splits are all -inf gives
+ * out = 0 and lse = -inf; a NaN partial gives NaN.  Used after the split
+ * producers and by fmha_native.combine.
  */
 #include "convert.h"
 #include "launch.h"
 
 #include <math.h>
+#include <stdint.h>
+#include <type_traits>
 
 namespace fmha {
 namespace {
 
 constexpr int COMBINE_THREADS = 256;
-constexpr int COMBINE_UNROLL = 4; /* independent partial loads in flight per thread */
+constexpr int COMBINE_SPLITS_PER_GROUP = 4; /* splits one thread folds, when the CTA has room */
+constexpr int COMBINE_UNROLL = 8;           /* partial loads in flight per thread */
 
 /* max that keeps NaN (fmaxf drops it): a NaN partial must poison its row. */
 __device__ __forceinline__ float nan_max(float a, float b) { return a != a ? a : b != b ? b : fmaxf(a, b); }
-
-__device__ __forceinline__ float warp_max(float x)
-{
-#pragma unroll
-    for (int off = FMHA_WARP_SIZE / 2; off > 0; off /= 2)
-        x = nan_max(x, fmha_shfl_xor(x, off));
-    return x;
-}
-
-__device__ __forceinline__ float warp_sum(float x)
-{
-#pragma unroll
-    for (int off = FMHA_WARP_SIZE / 2; off > 0; off /= 2)
-        x += fmha_shfl_xor(x, off);
-    return x;
-}
 
 /* An empty split (weight 0) must not multiply whatever its partial holds. */
 __device__ __forceinline__ float weighted(float weight, float x) { return weight == 0.f ? 0.f : weight * x; }
 
 /*
- * How a CTA's threads cover rows: `lanes` threads (head_dim rounded up to a
- * warp, at most the CTA) sweep the features of one row; `groups` such teams
- * fold disjoint subsets of the splits of the same row; the CTA holds
- * `rows` such rows (at most one per warp, which computes that row's weights).
+ * How a CTA's threads cover rows: `lanes` threads, `vec` features each, span
+ * the features of one row; `groups` such teams fold disjoint subsets of the
+ * splits of the same row (many splits: decode); the CTA holds `rows` rows
+ * (few splits: prefill).  Every thread has at most a few splits to fold, so
+ * the combine is one or two rounds of loads whatever the shape.
  */
 struct combine_shape {
-    int lanes, groups, rows;
-    __host__ __device__ combine_shape(int64_t head_dim, int64_t num_splits)
+    int vec, lanes, groups, rows;
+    combine_shape(int64_t head_dim, int64_t num_splits, int vec_) : vec(vec_)
     {
-        int64_t l = (head_dim + FMHA_WARP_SIZE - 1) / FMHA_WARP_SIZE * FMHA_WARP_SIZE;
+        const int64_t l = (head_dim + vec - 1) / vec;
         lanes = (int)(l < COMBINE_THREADS ? l : COMBINE_THREADS);
-        int64_t g = COMBINE_THREADS / lanes;
-        groups = (int)(g < num_splits ? g : (num_splits > 0 ? num_splits : 1));
-        int64_t r = COMBINE_THREADS / (lanes * groups);
-        const int max_rows = COMBINE_THREADS / FMHA_WARP_SIZE;
-        rows = (int)(r < max_rows ? r : max_rows);
+        const int64_t want = (num_splits + COMBINE_SPLITS_PER_GROUP - 1) / COMBINE_SPLITS_PER_GROUP;
+        const int64_t room = COMBINE_THREADS / lanes;
+        groups = (int)(want < 1 ? 1 : want < room ? want : room);
+        rows = COMBINE_THREADS / (lanes * groups);
     }
+    size_t smem_bytes() const { return sizeof(float) * (size_t)rows * groups * (lanes * vec + 2); }
 };
 
-/*
- * Phase 1: warp r turns row r's split LSEs into its LSE and the split weights
- * (shared memory).  Phase 2: group j of a row folds splits j, j + groups, ...
- * in increasing order (COMBINE_UNROLL loads in flight); group sums are then
- * added in group order.  The order is fixed, so results are deterministic.
- */
-template <typename TIn, typename TOut>
-__global__ void __launch_bounds__(COMBINE_THREADS) combine_kernel(const fmha_combine_params c)
+/* VEC features of a partial row as fp32 (one 16-byte load for aligned fp32). */
+template <int VEC, typename T> __device__ __forceinline__ void load_features(const T *src, float (&x)[VEC])
 {
-    const combine_shape shape(c.head_dim, c.num_splits);
-    extern __shared__ float smem[]; /* [rows][num_splits] weights, [rows] lse, [COMBINE_THREADS] sums */
-    float *s_weight = smem;
-    float *s_lse = smem + shape.rows * c.num_splits;
-    float *s_part = s_lse + shape.rows;
-    const int64_t total_rows = c.batch * c.seqlen_q * c.heads;
-    const int64_t row0 = (int64_t)blockIdx.x * shape.rows;
-    const int lane = threadIdx.x % FMHA_WARP_SIZE, warp = threadIdx.x / FMHA_WARP_SIZE;
-
-    auto coords = [&](int64_t row, int64_t &b, int64_t &i, int64_t &h) {
-        h = row % c.heads;
-        i = row / c.heads % c.seqlen_q;
-        b = row / c.heads / c.seqlen_q;
-    };
-
-    if (warp < shape.rows && row0 + warp < total_rows) {
-        int64_t b, i, h;
-        coords(row0 + warp, b, i, h);
-        const float *lse_g = c.lse_partial + b * c.lp_batch_stride + h * c.lp_head_stride +
-                             i * c.lp_row_stride;
-        float top = -INFINITY;
-        for (int64_t g = lane; g < c.num_splits; g += FMHA_WARP_SIZE)
-            top = nan_max(top, lse_g[g * c.lp_split_stride]);
-        top = warp_max(top);
-        float sum = 0.f;
-        if (top != -INFINITY)
-            for (int64_t g = lane; g < c.num_splits; g += FMHA_WARP_SIZE)
-                sum += expf(lse_g[g * c.lp_split_stride] - top);
-        sum = warp_sum(sum);
-        const float lse = top == -INFINITY ? -INFINITY : top + logf(sum);
-        for (int64_t g = lane; g < c.num_splits; g += FMHA_WARP_SIZE)
-            s_weight[warp * c.num_splits + g] =
-                lse == -INFINITY ? 0.f : expf(lse_g[g * c.lp_split_stride] - lse);
-        if (lane == 0) {
-            s_lse[warp] = lse;
-            if (c.lse)
-                c.lse[b * c.lse_batch_stride + h * c.lse_head_stride + i * c.lse_row_stride] = lse;
-        }
+    if constexpr (VEC == 4 && std::is_same<T, float>::value) {
+        const float4 v = *reinterpret_cast<const float4 *>(src);
+        x[0] = v.x, x[1] = v.y, x[2] = v.z, x[3] = v.w;
+    } else {
+#pragma unroll
+        for (int e = 0; e < VEC; e++)
+            x[e] = load_float(src[e]);
     }
-    __syncthreads();
+}
 
+/*
+ * Each group folds its splits g = group, group + groups, ... in increasing
+ * order into a running (max m, sum s, acc) exactly like the producer's online
+ * softmax, with lse_g in place of a score and o_g in place of V; the groups'
+ * states are then merged in group order.  The order is fixed, so results are
+ * deterministic.
+ */
+template <typename TIn, typename TOut, int VEC>
+__global__ void __launch_bounds__(COMBINE_THREADS, 1) combine_kernel(const fmha_combine_params c, const combine_shape shape)
+{
+    extern __shared__ float smem[]; /* [rows][groups] m, s; [rows][groups][lanes * VEC] acc */
+    float *s_max = smem;
+    float *s_sum = s_max + shape.rows * shape.groups;
+    float *s_acc = s_sum + shape.rows * shape.groups;
     const int team = shape.lanes * shape.groups;
     const int r = threadIdx.x / team, group = threadIdx.x % team / shape.lanes;
-    const int glane = threadIdx.x % shape.lanes;
-    const bool active = r < shape.rows && row0 + r < total_rows;
-    int64_t b = 0, i = 0, h = 0;
-    if (active)
-        coords(row0 + r, b, i, h);
-    const TIn *o_row = static_cast<const TIn *>(c.o_partial) + b * c.op_batch_stride +
-                       i * c.op_row_stride + h * c.op_head_stride;
-    TOut *out = static_cast<TOut *>(c.out) + b * c.o_batch_stride + i * c.o_row_stride +
-                h * c.o_head_stride;
-    const float *weight = s_weight + (active ? r : 0) * c.num_splits;
-    const bool empty = !active || s_lse[r] == -INFINITY;
-    for (int64_t d0 = 0; d0 < c.head_dim; d0 += shape.lanes) {
-        const int64_t d = d0 + glane;
-        float acc = 0.f;
-        if (d < c.head_dim && !empty) {
-            const int64_t step = shape.groups;
-            int64_t g = group;
-            for (; g + (COMBINE_UNROLL - 1) * step < c.num_splits; g += COMBINE_UNROLL * step) {
-                float x[COMBINE_UNROLL];
+    const int lane = threadIdx.x % shape.lanes;
+    const int64_t row = (int64_t)blockIdx.x * shape.rows + r;
+    const bool active = r < shape.rows && row < c.batch * c.seqlen_q * c.heads;
+    const int64_t h = row % c.heads, i = row / c.heads % c.seqlen_q, b = row / c.heads / c.seqlen_q;
+    const float *lse_row = c.lse_partial + b * c.lp_batch_stride + h * c.lp_head_stride + i * c.lp_row_stride;
+    const TIn *o_row = static_cast<const TIn *>(c.o_partial) + b * c.op_batch_stride + i * c.op_row_stride +
+                       h * c.op_head_stride;
+    const int state = r * shape.groups + group;
+
+    for (int64_t d0 = 0; d0 < c.head_dim; d0 += (int64_t)shape.lanes * VEC) {
+        const int64_t d = d0 + (int64_t)lane * VEC;
+        const bool has = active && d < c.head_dim;
+        float m = -INFINITY, sum = 0.f, acc[VEC];
 #pragma unroll
-                for (int u = 0; u < COMBINE_UNROLL; u++)
-                    x[u] = load_float(o_row[(g + u * step) * c.op_split_stride + d]);
+        for (int e = 0; e < VEC; e++)
+            acc[e] = 0.f;
+        for (int64_t g0 = group; active && g0 < c.num_splits; g0 += (int64_t)shape.groups * COMBINE_UNROLL) {
+            float l[COMBINE_UNROLL], x[COMBINE_UNROLL][VEC];
 #pragma unroll
-                for (int u = 0; u < COMBINE_UNROLL; u++)
-                    acc += weighted(weight[g + u * step], x[u]);
+            for (int u = 0; u < COMBINE_UNROLL; u++) {
+                const int64_t g = g0 + (int64_t)u * shape.groups;
+                l[u] = g < c.num_splits ? lse_row[g * c.lp_split_stride] : -INFINITY;
+                if (has && g < c.num_splits) {
+                    load_features<VEC>(o_row + g * c.op_split_stride + d, x[u]);
+                } else {
+#pragma unroll
+                    for (int e = 0; e < VEC; e++)
+                        x[u][e] = 0.f;
+                }
             }
-            for (; g < c.num_splits; g += step)
-                acc += weighted(weight[g], load_float(o_row[g * c.op_split_stride + d]));
+            float m_new = m;
+#pragma unroll
+            for (int u = 0; u < COMBINE_UNROLL; u++)
+                m_new = nan_max(m_new, l[u]);
+            if (m_new == -INFINITY)
+                continue; /* only empty splits so far */
+            const float rescale = expf(m - m_new);
+            sum *= rescale;
+#pragma unroll
+            for (int e = 0; e < VEC; e++)
+                acc[e] *= rescale;
+#pragma unroll
+            for (int u = 0; u < COMBINE_UNROLL; u++) {
+                const float w = expf(l[u] - m_new);
+                sum += w;
+#pragma unroll
+                for (int e = 0; e < VEC; e++)
+                    acc[e] += weighted(w, x[u][e]);
+            }
+            m = m_new;
         }
-        s_part[threadIdx.x] = acc;
+        if (active && lane == 0) {
+            s_max[state] = m;
+            s_sum[state] = sum;
+        }
+        if (has)
+#pragma unroll
+            for (int e = 0; e < VEC; e++)
+                s_acc[(int64_t)state * shape.lanes * VEC + lane * VEC + e] = acc[e];
         __syncthreads();
-        if (active && group == 0 && d < c.head_dim) {
-            float total = 0.f;
+
+        if (has && group == 0) {
+            const float *g_max = s_max + r * shape.groups, *g_sum = s_sum + r * shape.groups;
+            float top = -INFINITY;
             for (int j = 0; j < shape.groups; j++)
-                total += s_part[r * team + j * shape.lanes + glane];
-            out[d] = store_as<TOut>(total);
+                top = nan_max(top, g_max[j]);
+            float total = 0.f, out_v[VEC];
+#pragma unroll
+            for (int e = 0; e < VEC; e++)
+                out_v[e] = 0.f;
+            if (top != -INFINITY)
+                for (int j = 0; j < shape.groups; j++) {
+                    const float f = expf(g_max[j] - top);
+                    total += weighted(f, g_sum[j]);
+                    const float *a = s_acc + (int64_t)(r * shape.groups + j) * shape.lanes * VEC + lane * VEC;
+#pragma unroll
+                    for (int e = 0; e < VEC; e++)
+                        out_v[e] += weighted(f, a[e]);
+                }
+            /* All splits empty: out = 0 and lse = -inf. */
+            const float inv = top == -INFINITY ? 0.f : 1.f / total;
+            TOut *out = static_cast<TOut *>(c.out) + b * c.o_batch_stride + i * c.o_row_stride +
+                        h * c.o_head_stride + d;
+#pragma unroll
+            for (int e = 0; e < VEC; e++)
+                if (d + e < c.head_dim)
+                    out[e] = store_as<TOut>(out_v[e] * inv);
+            if (c.lse && d == 0)
+                c.lse[b * c.lse_batch_stride + h * c.lse_head_stride + i * c.lse_row_stride] =
+                    top == -INFINITY ? -INFINITY : top + logf(total);
         }
         __syncthreads();
     }
 }
 
+/* Whether the partials can be read as 16-byte float4s. */
+template <typename TIn> bool vector_partials(const fmha_combine_params &c)
+{
+    return std::is_same<TIn, float>::value && (uintptr_t)c.o_partial % 16 == 0 && c.head_dim % 4 == 0 &&
+           c.op_split_stride % 4 == 0 && c.op_batch_stride % 4 == 0 && c.op_row_stride % 4 == 0 &&
+           c.op_head_stride % 4 == 0;
+}
+
 template <typename TIn, typename TOut> fmha_status launch_typed(const fmha_combine_params &c)
 {
     const int64_t rows = c.batch * c.seqlen_q * c.heads;
-    const combine_shape shape(c.head_dim, c.num_splits);
+    const bool vec = vector_partials<TIn>(c);
+    const combine_shape shape(c.head_dim, c.num_splits, vec ? 4 : 1);
     const int64_t ctas = (rows + shape.rows - 1) / shape.rows;
     if (ctas == 0)
         return FMHA_OK;
@@ -167,9 +195,8 @@ template <typename TIn, typename TOut> fmha_status launch_typed(const fmha_combi
         record_error("combine grid too large", hipSuccess);
         return FMHA_ERR_UNSUPPORTED;
     }
-    const size_t smem = sizeof(float) * ((size_t)shape.rows * (size_t)(c.num_splits + 1) + COMBINE_THREADS);
-    combine_kernel<TIn, TOut><<<dim3((unsigned)ctas), dim3(COMBINE_THREADS), smem,
-                                (hipStream_t)c.stream>>>(c);
+    auto kernel = vec ? combine_kernel<TIn, TOut, 4> : combine_kernel<TIn, TOut, 1>;
+    kernel<<<dim3((unsigned)ctas), dim3(COMBINE_THREADS), shape.smem_bytes(), (hipStream_t)c.stream>>>(c, shape);
     return check_launch("combine_kernel");
 }
 

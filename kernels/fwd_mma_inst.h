@@ -27,12 +27,10 @@ namespace {
 #define FMHA_CLOSE(hd, bm, bn, w, st, ctas) >::type
 using prefill_config = FMHA_GPU_MMA_CONFIGS(FMHA_PICK) void FMHA_GPU_MMA_CONFIGS(FMHA_CLOSE);
 using decode_config = FMHA_GPU_DECODE_CONFIGS(FMHA_PICK) void FMHA_GPU_DECODE_CONFIGS(FMHA_CLOSE);
-using mid_config = FMHA_GPU_MID_CONFIGS(FMHA_PICK) void FMHA_GPU_MID_CONFIGS(FMHA_CLOSE);
 #undef FMHA_PICK
 #undef FMHA_CLOSE
-static_assert(!std::is_void<prefill_config>::value && !std::is_void<decode_config>::value &&
-                  !std::is_void<mid_config>::value,
-              "every head_dim has a prefill, a decode and a mid row in fmha_config.h");
+static_assert(!std::is_void<prefill_config>::value && !std::is_void<decode_config>::value,
+              "every head_dim has a prefill and a decode row in fmha_config.h");
 
 /* Allow the kernel its dynamic shared memory (above the 48 KB default). */
 template <typename Kernel> hipError_t allow_smem(Kernel kernel, int smem)
@@ -93,7 +91,6 @@ template <typename T> fmha_status launch_dtype(const fmha_fwd_params &p)
 {
     switch (p.kernel) {
     case FMHA_KERNEL_GPU_DECODE: return launch_tiles<T, decode_config>(p);
-    case FMHA_KERNEL_GPU_MID: return launch_tiles<T, mid_config>(p);
     default: return launch_tiles<T, prefill_config>(p);
     }
 }
@@ -104,7 +101,6 @@ int FMHA_CAT(occupancy_fwd_mma_d, FMHA_HEAD_DIM)(int kernel)
 {
     switch (kernel) {
     case FMHA_KERNEL_GPU_DECODE: return occupancy<decode_config>();
-    case FMHA_KERNEL_GPU_MID: return occupancy<mid_config>();
     default: return occupancy<prefill_config>();
     }
 }
