@@ -1,5 +1,6 @@
 """Kernel-by-kernel GPU time of one forward (torch.profiler), after an L2 flush
-as in bench.py: shows producer vs combine vs gaps for a shape.
+as in bench.py: shows producer vs combine vs gaps for a shape, then the
+event-timed median of the same call (what bench.py reports) for comparison.
 
     python benchmarks/anatomy.py B HQ HKV SQ SK D causal [num_splits]
 """
@@ -28,3 +29,13 @@ with profile(activities=[ProfilerActivity.CUDA]) as prof:
 events = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
 for e in events[-6:]:
     print(f"{e.name[:70]:70s} start {e.time_range.start:12.1f} us  dur {e.time_range.elapsed_us():8.1f} us")
+times = []
+for _ in range(30):
+    flush.zero_()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fmha_native.forward(q, k, v, causal=bool(causal), num_splits=splits, out=out, lse=lse)
+    end.record()
+    end.synchronize()
+    times.append(start.elapsed_time(end) * 1e3)
+print(f"event-timed after a flush: median {sorted(times)[len(times) // 2]:.1f} us, min {min(times):.1f} us")

@@ -360,8 +360,10 @@ static void plan_gpu(const fmha_fwd_params *p, const fmha_target *t, int request
     int64_t key_blocks = fmha_num_key_blocks(p, tiles.block_n);
     int64_t row_tiles = ceil_div(tile_rows(p, plan->pack_gqa), tiles.block_m);
     int64_t n_tiles = p->batch * (plan->pack_gqa ? p->heads_kv : p->heads_q) * row_tiles;
-    int64_t slots = (int64_t)dev->sm_count *
-                    gpu_ctas_per_sm(dev, kernel, config_row, p->head_dim, &tiles);
+    int64_t per_sm = gpu_ctas_per_sm(dev, kernel, config_row, p->head_dim, &tiles);
+    if (kernel == FMHA_KERNEL_GPU_MMA && FMHA_GPU_MMA_WAVE_CTAS > 0 && per_sm > FMHA_GPU_MMA_WAVE_CTAS)
+        per_sm = FMHA_GPU_MMA_WAVE_CTAS;
+    int64_t slots = (int64_t)dev->sm_count * per_sm;
     char why[160];
     if (requested == 0 && p->seqlens_k && p->total_keys > 0 && p->batch > 1)
         plan_ragged(p, n_tiles / p->batch, slots, key_blocks, &tiles, plan, why, sizeof why);
