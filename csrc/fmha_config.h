@@ -59,10 +59,12 @@
  * model below already charges each split its fill and partials; H200 sweep:
  * 4 -> 1 took the geomean regret from 1.019 to 1.009). */
 #define FMHA_MIN_BLOCKS_PER_SPLIT 1
-/* Resident prefill CTAs per SM the heuristic counts as running at full speed
- * (0: all that fit).  The second CTA of an SM overlaps the first one's
- * softmax; it does not double the SM's tensor-core throughput. */
-#define FMHA_GPU_MMA_WAVE_CTAS 1
+/* How much longer a prefill CTA takes when it shares its SM with another,
+ * for the heuristic's time model: 1 + this per extra resident CTA.  The pair
+ * overlaps one's softmax with the other's tile products but shares the tensor
+ * cores (H200 sweep: two long d128 CTAs per SM finish in ~1.4x the time of
+ * one).  The decode tiles are memory-bound: 0 there. */
+#define FMHA_GPU_MMA_SHARE_COST 0.4
 /* Fixed cost of one CTA (pipeline fill, epilogue) in key blocks, for the
  * heuristic's time model (benchmarks/sweep_splits.py). */
 #define FMHA_SPLIT_OVERHEAD_BLOCKS 4

@@ -12,6 +12,7 @@
 #include "fmha.h"
 #include "fmha_config.h"
 
+#include <float.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -57,6 +58,27 @@ static int64_t tile_rows(const fmha_fwd_params *p, int pack_gqa)
     return pack_gqa ? p->seqlen_q * (p->heads_q / p->heads_kv) : p->seqlen_q;
 }
 
+/*
+ * Where CTAs run, for the split model: `units` SMs (or CPU threads) holding
+ * up to `per_unit` CTAs each; a CTA sharing its unit with r - 1 others takes
+ * 1 + share_cost * (r - 1) times as long as alone.
+ */
+typedef struct machine {
+    int64_t units, per_unit;
+    double share_cost;
+} machine;
+
+static int64_t machine_slots(const machine *m) { return m->units * m->per_unit; }
+
+/* Modelled time of `ctas` equal CTAs of `blocks` key blocks' work each. */
+static double model_time(const machine *m, int64_t ctas, int64_t blocks)
+{
+    int64_t resident = ceil_div(ctas, m->units);
+    resident = resident < m->per_unit ? resident : m->per_unit;
+    return (double)ceil_div(ctas, machine_slots(m)) * (double)(blocks + FMHA_SPLIT_OVERHEAD_BLOCKS) *
+           (1.0 + m->share_cost * (double)(resident > 1 ? resident - 1 : 0));
+}
+
 /* Share of the machine busy over the waves that `work` tiles take on `slots`. */
 static double wave_efficiency(int64_t work, int64_t slots)
 {
@@ -65,18 +87,19 @@ static double wave_efficiency(int64_t work, int64_t slots)
 }
 
 /*
- * Split count for `tiles` equal tiles of `key_blocks` key blocks each, on a
- * machine that holds `slots` CTAs at once.  Time is modelled as
+ * Split count for `tiles` equal tiles of `key_blocks` key blocks each.  Time
+ * is modelled (model_time) as
  *
  *   waves(tiles * s) * (ceil(key_blocks / s) + FMHA_SPLIT_OVERHEAD_BLOCKS + partial_cost)
  *
- * (each CTA pays a pipeline fill and an epilogue worth a few key blocks, a
- * split CTA also writes fp32 partials that the combine reads back, and the
- * last wave of a ragged grid leaves SMs idle); the smallest s with the
- * least modelled time wins, if it beats no split by FMHA_SPLIT_MIN_GAIN.  The constants were fit with
+ * times the slow-down of CTAs that share an SM (each CTA pays a pipeline fill
+ * and an epilogue worth a few key blocks, a split CTA also writes fp32
+ * partials that the combine reads back, and the last wave of a ragged grid
+ * leaves SMs idle); the smallest s with the least modelled time wins, if it
+ * beats no split by FMHA_SPLIT_MIN_GAIN.  The constants were fit with
  * benchmarks/sweep_splits.py.
  */
-static int choose_splits(int64_t tiles, int64_t slots, int64_t key_blocks, int64_t partial_cost,
+static int choose_splits(int64_t tiles, const machine *m, int64_t key_blocks, int64_t partial_cost,
                          char *why, size_t why_len)
 {
     int64_t limit = key_blocks / FMHA_MIN_BLOCKS_PER_SPLIT;
@@ -84,17 +107,16 @@ static int choose_splits(int64_t tiles, int64_t slots, int64_t key_blocks, int64
     limit = limit > 1 ? limit : 1;
 
     int chosen = 1;
-    const int64_t unsplit_cost = ceil_div(tiles, slots) * (key_blocks + FMHA_SPLIT_OVERHEAD_BLOCKS);
     /* A split plan must win clearly: the model leaves out the partials' traffic and the combine. */
-    int64_t best_cost = (int64_t)((double)unsplit_cost * FMHA_SPLIT_MIN_GAIN);
+    double best_cost = model_time(m, tiles, key_blocks) * FMHA_SPLIT_MIN_GAIN;
     for (int64_t s = 2; s <= limit; s++) {
-        int64_t cost = ceil_div(tiles * s, slots) *
-                       (ceil_div(key_blocks, s) + FMHA_SPLIT_OVERHEAD_BLOCKS + partial_cost);
+        double cost = model_time(m, tiles * s, ceil_div(key_blocks, s) + partial_cost);
         if (cost < best_cost) {
             best_cost = cost;
             chosen = (int)s;
         }
     }
+    const int64_t slots = machine_slots(m);
     snprintf(why, why_len, "%lld tiles x %lld key blocks on %lld slots: %d split%s of ~%lld "
              "key blocks in %lld wave%s (machine %.0f%% busy)", (long long)tiles,
              (long long)key_blocks, (long long)slots, chosen, chosen > 1 ? "s" : "",
@@ -113,7 +135,7 @@ static int64_t split_partial_cost(int block_m, int block_n)
 }
 
 /* The split count: the caller's, clamped to the key blocks there are, or the heuristic's. */
-static int plan_splits(int requested, int64_t tiles, int64_t slots, int64_t key_blocks,
+static int plan_splits(int requested, int64_t tiles, const machine *m, int64_t key_blocks,
                        int block_m, int block_n, char *why, size_t why_len)
 {
     if (requested > 0) {
@@ -121,8 +143,7 @@ static int plan_splits(int requested, int64_t tiles, int64_t slots, int64_t key_
                  (long long)key_blocks);
         return requested > key_blocks ? (int)key_blocks : requested;
     }
-    return choose_splits(tiles, slots, key_blocks, split_partial_cost(block_m, block_n), why,
-                         why_len);
+    return choose_splits(tiles, m, key_blocks, split_partial_cost(block_m, block_n), why, why_len);
 }
 
 static void plan_cpu(const fmha_fwd_params *p, const fmha_target *t, int requested,
@@ -145,7 +166,8 @@ static void plan_cpu(const fmha_fwd_params *p, const fmha_target *t, int request
     int threads = t->num_threads > 0 ? t->num_threads : 1;
     char why[160];
     int64_t tiles = p->batch * p->heads_kv * ceil_div(tile_rows(p, 1), plan->block_m);
-    plan->num_splits = plan_splits(requested, tiles, threads, key_blocks, plan->block_m,
+    const machine cpu = {threads, 1, 0.0};
+    plan->num_splits = plan_splits(requested, tiles, &cpu, key_blocks, plan->block_m,
                                    plan->block_n, why, sizeof why);
     snprintf(plan->reason, sizeof plan->reason, "CPU: %dx%d tiles on %d threads; %s",
              plan->block_m, plan->block_n, threads, why);
@@ -231,7 +253,7 @@ static int gpu_rows_aligned(const fmha_fwd_params *p)
  * heuristic: with a forced num_splits a row's result must not depend on the
  * other batch entries, and the chunk size would.
  */
-static void plan_ragged(const fmha_fwd_params *p, int64_t tiles_per_entry, int64_t slots,
+static void plan_ragged(const fmha_fwd_params *p, int64_t tiles_per_entry, const machine *m,
                         int64_t max_blocks, const gpu_tiles *t, fmha_plan *plan, char *why,
                         size_t why_len)
 {
@@ -239,13 +261,13 @@ static void plan_ragged(const fmha_fwd_params *p, int64_t tiles_per_entry, int64
     const int64_t partial = split_partial_cost(t->block_m, t->block_n);
     int64_t limit = max_blocks / FMHA_MIN_BLOCKS_PER_SPLIT;
     limit = limit < FMHA_MAX_HEURISTIC_SPLITS ? limit : FMHA_MAX_HEURISTIC_SPLITS;
-    int64_t best_s = 1, best_cost = INT64_MAX;
+    int64_t best_s = 1;
+    double best_cost = DBL_MAX;
     for (int64_t s = 1; s <= (limit > 1 ? limit : 1); s++) {
         const int64_t chunk = ceil_div(max_blocks, s);
         /* each entry's last chunk is on average half full */
         const int64_t ctas = tiles_per_entry * (ceil_div(total_blocks, chunk) + p->batch / 2);
-        const int64_t cost = ceil_div(ctas, slots) *
-                             (chunk + FMHA_SPLIT_OVERHEAD_BLOCKS + (s > 1 ? partial : 0));
+        const double cost = model_time(m, ctas, chunk + (s > 1 ? partial : 0));
         if (cost < best_cost) {
             best_cost = cost;
             best_s = s;
@@ -360,15 +382,13 @@ static void plan_gpu(const fmha_fwd_params *p, const fmha_target *t, int request
     int64_t key_blocks = fmha_num_key_blocks(p, tiles.block_n);
     int64_t row_tiles = ceil_div(tile_rows(p, plan->pack_gqa), tiles.block_m);
     int64_t n_tiles = p->batch * (plan->pack_gqa ? p->heads_kv : p->heads_q) * row_tiles;
-    int64_t per_sm = gpu_ctas_per_sm(dev, kernel, config_row, p->head_dim, &tiles);
-    if (kernel == FMHA_KERNEL_GPU_MMA && FMHA_GPU_MMA_WAVE_CTAS > 0 && per_sm > FMHA_GPU_MMA_WAVE_CTAS)
-        per_sm = FMHA_GPU_MMA_WAVE_CTAS;
-    int64_t slots = (int64_t)dev->sm_count * per_sm;
+    const machine gpu = {dev->sm_count, gpu_ctas_per_sm(dev, kernel, config_row, p->head_dim, &tiles),
+                         kernel == FMHA_KERNEL_GPU_MMA ? FMHA_GPU_MMA_SHARE_COST : 0.0};
     char why[160];
     if (requested == 0 && p->seqlens_k && p->total_keys > 0 && p->batch > 1)
-        plan_ragged(p, n_tiles / p->batch, slots, key_blocks, &tiles, plan, why, sizeof why);
+        plan_ragged(p, n_tiles / p->batch, &gpu, key_blocks, &tiles, plan, why, sizeof why);
     else
-        plan->num_splits = plan_splits(requested, n_tiles, slots, key_blocks, tiles.block_m,
+        plan->num_splits = plan_splits(requested, n_tiles, &gpu, key_blocks, tiles.block_m,
                                        tiles.block_n, why, sizeof why);
     snprintf(plan->kernel, sizeof plan->kernel, "fwd_%s<%s,d%lld%s%s>%s",
              kernel == FMHA_KERNEL_GPU_DECODE ? "decode" : "mma",
