@@ -1,8 +1,9 @@
 """GPU benchmark: fmha_native against torch SDPA's FLASH_ATTENTION and CUDNN_ATTENTION
 backends, in one process, bf16, on the shapes of the GPU and decode issues.
 
-Timing: CUDA events around each call after warm-up, median of --reps runs; for
-memory-bound shapes (few query rows) the L2 is flushed before every run.
+Timing: CUDA events around each call after warm-up, median of --reps runs, ours
+and the peers interleaved round by round; for memory-bound shapes (few query
+rows) the L2 is flushed before every run.
 Prints ms, TFLOP/s (4*B*Hq*Sq*Sk*D, halved for causal square), effective GB/s
 (Q+K+V+O bytes once) and our split count, then writes JSON with --json.
 
@@ -51,23 +52,44 @@ def nbytes(b, hq, hkv, sq, sk, d, elem=2):
     return elem * (2 * b * sq * hq * d + 2 * b * sk * hkv * d)
 
 
-def time_ms(fn, reps, flush):
+def time_all(fns, reps, flush):
+    """Median ms of each callable in `fns` (name -> fn).  The runs are
+    interleaved - each round times every fn once, in a rotated order - so clock
+    or thermal drift over the measurement hits all of them alike."""
     scratch = torch.empty(L2_FLUSH_BYTES, dtype=torch.uint8, device="cuda") if flush else None
-    for _ in range(3):
-        fn()
+    names = list(fns)
+    for name in names:
+        for _ in range(3):
+            fns[name]()
     torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        if flush:
-            scratch.zero_()
-        start = torch.cuda.Event(enable_timing=True)
-        end = torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+    times = {name: [] for name in names}
+    for r in range(reps):
+        for j in range(len(names)):
+            name = names[(r + j) % len(names)]
+            if flush:
+                scratch.zero_()
+            start = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
+            start.record()
+            fns[name]()
+            end.record()
+            end.synchronize()
+            times[name].append(start.elapsed_time(end))
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def peers(row, q, k, v, causal):
+    """The SDPA peers that run this problem (name -> fn); notes and failures go to row."""
+    fns = {}
+    for name, backend in (("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
+        try:
+            fns[name], note = peer_fn(backend, q, k, v, causal)
+            if note:
+                row[name + "_note"] = note
+        except RuntimeError as exc:
+            row[name + "_ms"] = None
+            row[name + "_note"] = str(exc).splitlines()[0][:80]
+    return fns
 
 
 def peer_fn(backend, q, k, v, causal):
@@ -112,21 +134,15 @@ def bench_shape(shape, reps, check):
     def ours():
         fmha_native.forward(q, k, v, causal=causal, out=out, lse=lse)
 
-    row["ours_ms"] = time_ms(ours, reps, flush)
+    fns = {"ours": ours, **peers(row, q, k, v, causal)}
+    for name, ms in time_all(fns, reps, flush).items():
+        row[name + "_ms"] = ms
     if check:
-        ref = peer_fn(SDPBackend.FLASH_ATTENTION, q, k, v, causal)[0]().transpose(1, 2)
-        if not (causal and sq != sk):
+        ref = fns["flash"]().transpose(1, 2) if "flash" in fns else None
+        if ref is not None and not (causal and sq != sk):
+            ours()
             err = ((out.float() - ref.float()).norm() / ref.float().norm()).item()
             row["rel_err_vs_flash"] = err
-    for name, backend in (("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
-        try:
-            fn, note = peer_fn(backend, q, k, v, causal)
-            row[name + "_ms"] = time_ms(fn, reps, flush)
-            if note:
-                row[name + "_note"] = note
-        except RuntimeError as exc:
-            row[name + "_ms"] = None
-            row[name + "_note"] = str(exc).splitlines()[0][:80]
     f, nb = flops(*shape), nbytes(b, hq, hkv, sq, sk, d)
     row["ours_tflops"] = f / row["ours_ms"] / 1e9
     row["ours_gbs"] = nb / row["ours_ms"] / 1e6
@@ -158,17 +174,11 @@ def bench_varlen(reps, batch=32, heads_q=32, heads_kv=8, capacity=32768, d=128, 
     row = {"shape": [batch, heads_q, heads_kv, 1, capacity, d, False], "kernel": "varlen",
            "sum_lengths": int(lengths.sum()), "mean_length": mean,
            "splits": fmha_native.explain(q, k, v, cache_seqlens=ragged)["num_splits"]}
-    row["ours_ms"] = time_ms(lambda: fmha_native.forward(q, k, v, cache_seqlens=ragged, out=out, lse=lse),
-                             reps, True)
-    row["ours_uniform_ms"] = time_ms(
-        lambda: fmha_native.forward(q, k, v, cache_seqlens=uniform, out=out, lse=lse), reps, True)
-    for name, backend in (("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
-        try:
-            fn, _ = peer_fn(backend, q, k, v, False)
-            row[name + "_ms"] = time_ms(fn, reps, True)
-        except RuntimeError as exc:
-            row[name + "_ms"] = None
-            row[name + "_note"] = str(exc).splitlines()[0][:80]
+    fns = {"ours": lambda: fmha_native.forward(q, k, v, cache_seqlens=ragged, out=out, lse=lse),
+           "ours_uniform": lambda: fmha_native.forward(q, k, v, cache_seqlens=uniform, out=out, lse=lse),
+           **peers(row, q, k, v, False)}
+    for name, ms in time_all(fns, reps, True).items():
+        row[name + "_ms"] = ms
     used = 2 * row["sum_lengths"] * heads_kv * d * 2 + 2 * batch * heads_q * d * 2
     row["ours_gbs"] = used / row["ours_ms"] / 1e6
     row["ragged_over_uniform"] = row["ours_ms"] / row["ours_uniform_ms"]
