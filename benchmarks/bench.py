@@ -78,7 +78,7 @@ def time_all(fns, reps, flush):
     return {name: statistics.median(t) for name, t in times.items()}
 
 
-def peers(row, q, k, v, causal):
+def peer_fns(row, q, k, v, causal):
     """The SDPA peers that run this problem (name -> fn); notes and failures go to row."""
     fns = {}
     for name, backend in (("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
@@ -134,7 +134,7 @@ def bench_shape(shape, reps, check):
     def ours():
         fmha_native.forward(q, k, v, causal=causal, out=out, lse=lse)
 
-    fns = {"ours": ours, **peers(row, q, k, v, causal)}
+    fns = {"ours": ours, **peer_fns(row, q, k, v, causal)}
     for name, ms in time_all(fns, reps, flush).items():
         row[name + "_ms"] = ms
     if check:
@@ -176,7 +176,7 @@ def bench_varlen(reps, batch=32, heads_q=32, heads_kv=8, capacity=32768, d=128, 
            "splits": fmha_native.explain(q, k, v, cache_seqlens=ragged)["num_splits"]}
     fns = {"ours": lambda: fmha_native.forward(q, k, v, cache_seqlens=ragged, out=out, lse=lse),
            "ours_uniform": lambda: fmha_native.forward(q, k, v, cache_seqlens=uniform, out=out, lse=lse),
-           **peers(row, q, k, v, False)}
+           **peer_fns(row, q, k, v, False)}
     for name, ms in time_all(fns, reps, True).items():
         row[name + "_ms"] = ms
     used = 2 * row["sum_lengths"] * heads_kv * d * 2 + 2 * batch * heads_q * d * 2
