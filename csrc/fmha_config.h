@@ -30,8 +30,8 @@
  *   ctas      CTAs per SM the register budget is cut for (__launch_bounds__)
  */
 #define FMHA_GPU_MMA_CONFIGS(X) \
-    X(64, 64, 128, 4, 2, 2)     \
-    X(128, 64, 64, 4, 2, 2)
+    X(64, 64, 128, 4, 3, 2)     \
+    X(128, 64, 64, 4, 3, 2)
 
 /*
  * GPU decode tiles, for few rows per kv head (decode, speculative decoding):

@@ -27,6 +27,7 @@
 #endif
 
 #include <math.h>
+#include <type_traits>
 
 namespace fmha {
 
@@ -228,6 +229,78 @@ __device__ __forceinline__ void mask_block(float (&s)[MT][NT][4], int keys_left,
             }
 }
 
+/* Where a tile's rows stand in the online softmax: running max and sum per row. */
+template <int MT> struct softmax_state {
+    float row_max[MT][ACC_ROWS], row_sum[MT][ACC_ROWS];
+};
+
+/*
+ * One key block of the online softmax, in place: S -> P = exp2(S * scale_log2
+ * - m_new) with keys past the end or above the diagonal masked (only the last
+ * and diagonal blocks need it: one uniform branch skips the rest).  Updates
+ * the running max and sum and returns in `rescale` the factor exp2(m - m_new)
+ * that the rows accumulated so far must take.
+ */
+template <bool CAUSAL, int MT, int NT>
+__device__ __forceinline__ void softmax_block(float (&s)[MT][NT][4], softmax_state<MT> &st,
+                                              float (&rescale)[MT][ACC_ROWS], float scale_log2,
+                                              int64_t key0, int64_t mask_free_end, int64_t len_k,
+                                              const int64_t (&key_limit)[MT][ACC_ROWS], int lane)
+{
+    constexpr int BLOCK_N = NT * MMA_N;
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                s[mt][nt][e] *= scale_log2;
+    if (key0 + BLOCK_N > mask_free_end)
+        mask_block<CAUSAL>(s, clamp_to_block<BLOCK_N>(len_k - key0), key_limit, key0, lane);
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int half = 0; half < ACC_ROWS; half++) {
+            float m_new = st.row_max[mt][half];
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) {
+                float m_tile = s[mt][nt][half * ACC_COLS];
+#pragma unroll
+                for (int c = 1; c < ACC_COLS; c++)
+                    m_tile = fmaxf(m_tile, s[mt][nt][half * ACC_COLS + c]);
+                m_new = fmaxf(m_new, m_tile);
+            }
+            m_new = quad_max(m_new);
+            /* A row that has seen only masked keys keeps m = -inf; shift by 0 then. */
+            const float shift = m_new == -INFINITY ? 0.f : m_new;
+            rescale[mt][half] = exp2_fast(st.row_max[mt][half] - shift);
+            st.row_max[mt][half] = m_new;
+            float sum = 0.f;
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                for (int e = half * ACC_COLS; e < (half + 1) * ACC_COLS; e++) {
+                    float pe = exp2_fast(s[mt][nt][e] - shift);
+                    s[mt][nt][e] = pe;
+                    sum += pe;
+                }
+            st.row_sum[mt][half] = st.row_sum[mt][half] * rescale[mt][half] + sum;
+        }
+}
+
+/* O rows *= their rescale factor. */
+template <int MT, int DT>
+__device__ __forceinline__ void rescale_rows(float (&o)[MT][DT][4], const float (&rescale)[MT][ACC_ROWS])
+{
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int dt = 0; dt < DT; dt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                o[mt][dt][e] *= rescale[mt][e / ACC_COLS];
+}
+
 #if FMHA_DEVICE_IS_AMD
 template <typename T, typename cfg, bool WGMMA> struct tile_math
     : mfma_tile_math<T, cfg, smem_tile<cfg::block_m, cfg::head_dim>, smem_tile<cfg::block_n, cfg::head_dim>> {
@@ -339,7 +412,8 @@ template <typename T, typename cfg> struct tile_math<T, cfg, true> {
         v_base = smem_addr(s_v);
     }
 
-    __device__ void scores(float (&s)[1][NT][4], int stage) const
+    /* Issue S = Q K^T for `stage` (one wgmma group); wait<> before reading s. */
+    __device__ void scores_async(float (&s)[1][NT][4], int stage) const
     {
         float(&d)[NT * 4] = reinterpret_cast<float(&)[NT * 4]>(s[0]);
         const uint32_t k_stage = k_base + stage * kv_tile::BYTES;
@@ -352,18 +426,22 @@ template <typename T, typename cfg> struct tile_math<T, cfg, true> {
             wgmma<T, BLOCK_N>::ss(d, da, db, kd > 0);
         }
         wgmma_commit();
-        wgmma_wait<0>();
-        fence_regs(d);
     }
 
-    __device__ void accumulate(float (&o)[1][DT][4], const float (&s)[1][NT][4], int stage) const
+    /* P (fp32, the C layout) as the A operands of O += P V. */
+    static __device__ void p_operands(uint32_t (&pa)[BLOCK_N / WGMMA_K][4], const float (&s)[1][NT][4])
     {
-        float(&d)[DT * 4] = reinterpret_cast<float(&)[DT * 4]>(o[0]);
-        const uint32_t v_stage = v_base + stage * kv_tile::BYTES;
-        uint32_t pa[BLOCK_N / WGMMA_K][4];
 #pragma unroll
         for (int kn = 0; kn < BLOCK_N / WGMMA_K; kn++)
             p_fragment<T>(pa[kn], s, 0, kn);
+    }
+
+    /* Issue O += P V for `stage` (one wgmma group); pa must stay unchanged until it completes. */
+    __device__ void accumulate_async(float (&o)[1][DT][4], const uint32_t (&pa)[BLOCK_N / WGMMA_K][4],
+                                     int stage) const
+    {
+        float(&d)[DT * 4] = reinterpret_cast<float(&)[DT * 4]>(o[0]);
+        const uint32_t v_stage = v_base + stage * kv_tile::BYTES;
         wgmma_fence();
 #pragma unroll
         for (int kn = 0; kn < BLOCK_N / WGMMA_K; kn++) {
@@ -373,8 +451,27 @@ template <typename T, typename cfg> struct tile_math<T, cfg, true> {
             wgmma<T, HEAD_DIM>::rs(d, pa[kn], db);
         }
         wgmma_commit();
-        wgmma_wait<0>();
-        fence_regs(d);
+    }
+
+    /* Wait until at most N groups are in flight; then `acc` may be read. */
+    template <int N, int A, int B> static __device__ void wait(float (&acc)[1][A][B])
+    {
+        wgmma_wait<N>();
+        fence_regs(reinterpret_cast<float(&)[A * B]>(acc[0]));
+    }
+
+    __device__ void scores(float (&s)[1][NT][4], int stage) const
+    {
+        scores_async(s, stage);
+        wait<0>(s);
+    }
+
+    __device__ void accumulate(float (&o)[1][DT][4], const float (&s)[1][NT][4], int stage) const
+    {
+        uint32_t pa[BLOCK_N / WGMMA_K][4];
+        p_operands(pa, s);
+        accumulate_async(o, pa, stage);
+        wait<0>(o);
     }
 };
 #endif
@@ -451,7 +548,7 @@ fwd_mma_kernel(const fmha_fwd_params p)
                                          : w.len_k;
 
     float o[MT][DT][4];
-    float row_max[MT][ACC_ROWS], row_sum[MT][ACC_ROWS];
+    softmax_state<MT> st;
 #pragma unroll
     for (int mt = 0; mt < MT; mt++) {
 #pragma unroll
@@ -461,82 +558,76 @@ fwd_mma_kernel(const fmha_fwd_params p)
                 o[mt][dt][e] = 0.f;
 #pragma unroll
         for (int half = 0; half < ACC_ROWS; half++) {
-            row_max[mt][half] = -INFINITY;
-            row_sum[mt][half] = 0.f;
+            st.row_max[mt][half] = -INFINITY;
+            st.row_sum[mt][half] = 0.f;
         }
     }
 
     constexpr bool WGMMA = use_wgmma<cfg>();
     const tile_math<T, cfg, WGMMA> math(s_q, s_k, s_v, warp, lane);
-    for (int n = w.n_begin; n < w.n_end; n++) {
-        const int stage = (n - w.n_begin) % STAGES;
-        copy_async_wait<STAGES - 1>();
+    float rescale[MT][ACC_ROWS];
+    auto softmax = [&](float(&s)[MT][NT][4], int n) {
+        softmax_block<CAUSAL>(s, st, rescale, p.scale_log2, (int64_t)n * BLOCK_N, mask_free_end, w.len_k,
+                              key_limit, lane);
+    };
+    /* Block n's K and V have landed and every warp (and wgmma) may read them:
+     * at most `pending` later copy groups still in flight. */
+    auto await_stage = [&](auto pending) {
+        copy_async_wait<decltype(pending)::value>();
         if (WGMMA)
             fence_proxy_async(); /* cp.async wrote what the async proxy reads next */
         __syncthreads();
-
-        float s[MT][NT][4];
-        math.scores(s, stage); /* S = Q K^T */
-
-        /* Scale into the log2 domain. */
-#pragma unroll
-        for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-            for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-                for (int e = 0; e < 4; e++)
-                    s[mt][nt][e] *= p.scale_log2;
-
-        /* Mask keys past the end and above the diagonal: only the last and the
-         * diagonal blocks need it, so one uniform branch skips it elsewhere. */
-        const int64_t key0 = (int64_t)n * BLOCK_N;
-        if (key0 + BLOCK_N > mask_free_end)
-            mask_block<CAUSAL>(s, clamp_to_block<BLOCK_N>(w.len_k - key0), key_limit, key0, lane);
-
-        /* Online softmax: new running max, rescale what is accumulated, P = exp2(S - m). */
-#pragma unroll
-        for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-            for (int half = 0; half < ACC_ROWS; half++) {
-                float m_new = row_max[mt][half];
-#pragma unroll
-                for (int nt = 0; nt < NT; nt++) {
-                    float m_tile = s[mt][nt][half * ACC_COLS];
-#pragma unroll
-                    for (int c = 1; c < ACC_COLS; c++)
-                        m_tile = fmaxf(m_tile, s[mt][nt][half * ACC_COLS + c]);
-                    m_new = fmaxf(m_new, m_tile);
-                }
-                m_new = quad_max(m_new);
-                /* A row that has seen only masked keys keeps m = -inf; shift by 0 then. */
-                const float shift = m_new == -INFINITY ? 0.f : m_new;
-                const float rescale = exp2_fast(row_max[mt][half] - shift);
-                row_max[mt][half] = m_new;
-                row_sum[mt][half] *= rescale;
-#pragma unroll
-                for (int dt = 0; dt < DT; dt++)
-#pragma unroll
-                    for (int c = 0; c < ACC_COLS; c++)
-                        o[mt][dt][half * ACC_COLS + c] *= rescale;
-                float sum = 0.f;
-#pragma unroll
-                for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-                    for (int e = half * ACC_COLS; e < (half + 1) * ACC_COLS; e++) {
-                        float pe = exp2_fast(s[mt][nt][e] - shift);
-                        s[mt][nt][e] = pe;
-                        sum += pe;
-                    }
-                row_sum[mt][half] += sum;
-            }
-
-        math.accumulate(o, s, stage); /* O += P V */
-
-        /* Everyone is done with this stage: refill it with the block STAGES ahead. */
+    };
+    /* Everyone is done with block n's stage: refill it with the block STAGES ahead. */
+    auto refill = [&](int n, int stage) {
         __syncthreads();
         if (n + STAGES < w.n_end)
             load_kv(n + STAGES, stage);
         copy_async_commit();
+    };
+
+    if constexpr (WGMMA && STAGES >= 3) {
+        /*
+         * wgmma is asynchronous: issue S(n+1) = Q K(n+1)^T and O += P(n) V(n)
+         * back to back, run the softmax of block n+1 while P(n) V(n) is still
+         * on the tensor cores, then rescale O once it is done.  S(n+1) needs
+         * block n+1 one iteration early, hence at least three stages.
+         */
+        if (w.n_begin < w.n_end) {
+            float s[MT][NT][4];
+            uint32_t pa[BLOCK_N / MMA_K][4];
+            await_stage(std::integral_constant<int, STAGES - 1>());
+            math.scores(s, 0);
+            softmax(s, w.n_begin); /* O is still zero: no rescale */
+            math.p_operands(pa, s);
+            /* Every block but the last: the wgmma groups are the same each time
+             * (no group under a condition), so ptxas can track what wait<1> retires. */
+            for (int n = w.n_begin; n + 1 < w.n_end; n++) {
+                const int stage = (n - w.n_begin) % STAGES;
+                await_stage(std::integral_constant<int, STAGES - 2>());
+                math.scores_async(s, (stage + 1) % STAGES); /* S(n+1) */
+                math.accumulate_async(o, pa, stage);       /* O += P(n) V(n) */
+                math.template wait<1>(s);
+                softmax(s, n + 1); /* while P(n) V(n) runs */
+                math.template wait<0>(o);
+                rescale_rows(o, rescale);
+                math.p_operands(pa, s);
+                refill(n, stage);
+            }
+            math.accumulate_async(o, pa, (w.n_end - 1 - w.n_begin) % STAGES);
+            math.template wait<0>(o);
+        }
+    } else {
+        for (int n = w.n_begin; n < w.n_end; n++) {
+            const int stage = (n - w.n_begin) % STAGES;
+            await_stage(std::integral_constant<int, STAGES - 1>());
+            float s[MT][NT][4];
+            math.scores(s, stage); /* S = Q K^T */
+            softmax(s, n);         /* S -> P, running max and sum */
+            rescale_rows(o, rescale);
+            math.accumulate(o, s, stage); /* O += P V */
+            refill(n, stage);
+        }
     }
     copy_async_wait<0>();
 
@@ -546,12 +637,12 @@ fwd_mma_kernel(const fmha_fwd_params p)
 #pragma unroll
         for (int half = 0; half < ACC_ROWS; half++) {
             const int64_t row = w.row0 + warp * WARP_M + mt * MMA_M + acc_row(lane) + half * ACC_ROW_STRIDE;
-            const float l = quad_sum(row_sum[mt][half]);
+            const float l = quad_sum(st.row_sum[mt][half]);
             if (row >= w.rows)
                 continue;
             const int64_t i = w.query_of(row), h = w.head_of(row);
             const float inv = l == 0.f ? 0.f : 1.f / l;
-            const float lse = l == 0.f ? -INFINITY : (row_max[mt][half] + log2f(l)) * LN2;
+            const float lse = l == 0.f ? -INFINITY : (st.row_max[mt][half] + log2f(l)) * LN2;
             const int col0 = acc_col(lane);
             if (SPLIT) {
                 const int64_t prow = ((int64_t)w.split * p.batch + w.b) * p.seqlen_q + i;
