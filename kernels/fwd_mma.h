@@ -238,43 +238,39 @@ template <int MT> struct softmax_state {
  * One key block of the online softmax, in place: S -> P = exp2(S * scale_log2
  * - m_new) with keys past the end or above the diagonal masked (only the last
  * and diagonal blocks need it: one uniform branch skips the rest).  Updates
- * the running max (scaled) and sum and returns in `rescale` the factor
- * exp2(m - m_new) that the rows accumulated so far must take.  With a
- * positive scale the max is taken on the raw scores and the scale is folded
- * into the exponent's FMA (max(c s) = c max(s) for c > 0): one multiply per
- * score fewer.
+ * the running max and sum and returns in `rescale` the factor exp2(m - m_new)
+ * that the rows accumulated so far must take.
  */
-template <bool CAUSAL, bool POSITIVE_SCALE, int MT, int NT>
+template <bool CAUSAL, int MT, int NT>
 __device__ __forceinline__ void softmax_block(float (&s)[MT][NT][4], softmax_state<MT> &st,
                                               float (&rescale)[MT][ACC_ROWS], float scale_log2,
                                               int64_t key0, int64_t mask_free_end, int64_t len_k,
                                               const int64_t (&key_limit)[MT][ACC_ROWS], int lane)
 {
     constexpr int BLOCK_N = NT * MMA_N;
-    if (!POSITIVE_SCALE)
 #pragma unroll
-        for (int mt = 0; mt < MT; mt++)
+    for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-            for (int nt = 0; nt < NT; nt++)
+        for (int nt = 0; nt < NT; nt++)
 #pragma unroll
-                for (int e = 0; e < 4; e++)
-                    s[mt][nt][e] *= scale_log2;
+            for (int e = 0; e < 4; e++)
+                s[mt][nt][e] *= scale_log2;
     if (key0 + BLOCK_N > mask_free_end)
         mask_block<CAUSAL>(s, clamp_to_block<BLOCK_N>(len_k - key0), key_limit, key0, lane);
 #pragma unroll
     for (int mt = 0; mt < MT; mt++)
 #pragma unroll
         for (int half = 0; half < ACC_ROWS; half++) {
-            float m_block = s[mt][0][half * ACC_COLS];
+            float m_new = st.row_max[mt][half];
 #pragma unroll
-            for (int nt = 0; nt < NT; nt++)
+            for (int nt = 0; nt < NT; nt++) {
+                float m_tile = s[mt][nt][half * ACC_COLS];
 #pragma unroll
-                for (int c = 0; c < ACC_COLS; c++)
-                    m_block = fmaxf(m_block, s[mt][nt][half * ACC_COLS + c]);
-            m_block = quad_max(m_block);
-            if (POSITIVE_SCALE)
-                m_block *= scale_log2;
-            const float m_new = fmaxf(st.row_max[mt][half], m_block);
+                for (int c = 1; c < ACC_COLS; c++)
+                    m_tile = fmaxf(m_tile, s[mt][nt][half * ACC_COLS + c]);
+                m_new = fmaxf(m_new, m_tile);
+            }
+            m_new = quad_max(m_new);
             /* A row that has seen only masked keys keeps m = -inf; shift by 0 then. */
             const float shift = m_new == -INFINITY ? 0.f : m_new;
             rescale[mt][half] = exp2_fast(st.row_max[mt][half] - shift);
@@ -284,8 +280,7 @@ __device__ __forceinline__ void softmax_block(float (&s)[MT][NT][4], softmax_sta
             for (int nt = 0; nt < NT; nt++)
 #pragma unroll
                 for (int e = half * ACC_COLS; e < (half + 1) * ACC_COLS; e++) {
-                    const float pe = exp2_fast(POSITIVE_SCALE ? fmaf(s[mt][nt][e], scale_log2, -shift)
-                                                              : s[mt][nt][e] - shift);
+                    float pe = exp2_fast(s[mt][nt][e] - shift);
                     s[mt][nt][e] = pe;
                     sum += pe;
                 }
@@ -571,13 +566,9 @@ fwd_mma_kernel(const fmha_fwd_params p)
     constexpr bool WGMMA = use_wgmma<cfg>();
     const tile_math<T, cfg, WGMMA> math(s_q, s_k, s_v, warp, lane);
     float rescale[MT][ACC_ROWS];
-    const bool positive_scale = p.scale_log2 > 0.f;
     auto softmax = [&](float(&s)[MT][NT][4], int n) {
-        const int64_t key0 = (int64_t)n * BLOCK_N;
-        if (positive_scale)
-            softmax_block<CAUSAL, true>(s, st, rescale, p.scale_log2, key0, mask_free_end, w.len_k, key_limit, lane);
-        else
-            softmax_block<CAUSAL, false>(s, st, rescale, p.scale_log2, key0, mask_free_end, w.len_k, key_limit, lane);
+        softmax_block<CAUSAL>(s, st, rescale, p.scale_log2, (int64_t)n * BLOCK_N, mask_free_end, w.len_k,
+                              key_limit, lane);
     };
     /* Block n's K and V have landed and every warp (and wgmma) may read them:
      * at most `pending` later copy groups still in flight. */
