@@ -103,18 +103,19 @@ class FmhaBuildExt(build_ext):
             _log("building the CPU backend only")
         super().build_extension(ext)
 
-    def _compile_kernels(self, compiler, build_dir):
-        """Compile every kernels/*.hip with `compiler` (+ FMHA_KERNEL_FLAGS); the objects."""
+    def _compile_kernels(self, compiler, build_dir, check=None):
+        """Compile every kernels/*.hip with `compiler` (+ FMHA_KERNEL_FLAGS); the objects.
+        `check(output)` returns (lines to show, lines that fail the build)."""
         flags = compiler + os.environ.get("FMHA_KERNEL_FLAGS", "").split()
         commands, objects = [], []
         for src in KERNEL_SOURCES:
             obj = os.path.join(build_dir, os.path.basename(src) + ".o")
             commands.append(flags + ["-c", src, "-o", obj])
             objects.append(obj)
-        self._compile_all(commands)
+        self._compile_all(commands, check)
         return objects
 
-    def _compile_all(self, commands):
+    def _compile_all(self, commands, check=None):
         threads = int(os.environ.get("FMHA_NVCC_THREADS", os.cpu_count() or 1))
         def run(cmd):
             _log(" ".join(cmd))
@@ -123,9 +124,12 @@ class FmhaBuildExt(build_ext):
             results = list(pool.map(run, commands))
         failed = False
         for cmd, res in zip(commands, results):
-            if res.stdout.strip() or res.stderr.strip():
-                sys.stderr.write(res.stdout + res.stderr)
-            if res.returncode != 0:
+            output, bad = (res.stdout + res.stderr), []
+            if check:
+                output, bad = check(output)
+            if output.strip():
+                sys.stderr.write(output)
+            if res.returncode != 0 or bad:
                 failed = True
         if failed:
             raise SystemExit("fmha_native build: a kernel failed to compile (see above)")
@@ -138,8 +142,9 @@ class FmhaBuildExt(build_ext):
         archs = os.environ.get("FMHA_CUDA_ARCHS", "80;90a").split(";")
         common = ["-std=c++17", "-O3", "-Xcompiler", "-fPIC", "-Icsrc", "-Ikernels",
                   "-DFMHA_WITH_CUDA=1", "--expt-relaxed-constexpr", "-Werror=all-warnings",
-                  "-Xptxas=-warn-spills,-warn-lmem-usage"] + cuda_gencode_flags(archs)
-        ext.extra_objects += self._compile_kernels([nvcc, "-x", "cu"] + common, build_dir)
+                  "-Xptxas=-v,-warn-spills,-warn-lmem-usage"] + cuda_gencode_flags(archs)
+        ext.extra_objects += self._compile_kernels([nvcc, "-x", "cu"] + common, build_dir,
+                                                   check=ptxas_check)
         ext.define_macros.append(("FMHA_WITH_CUDA", "1"))
         ext.include_dirs.append(os.path.join(cuda_home, "include"))
         libdir = os.path.join(cuda_home, "lib64")
@@ -189,6 +194,20 @@ class FmhaBuildExt(build_ext):
         for lib in (os.path.join(rocm, "lib"), "/usr/lib/x86_64-linux-gnu"):
             if os.path.isdir(lib):
                 ext.library_dirs.append(lib)
+
+
+def ptxas_check(output):
+    """ptxas -v: drop its per-kernel info lines, but fail the build on the note that
+    wgmma instructions were serialized (ptxas gives it only as info, and it silently
+    turns the asynchronous tile products of kernels/fwd_mma.h into synchronous ones)."""
+    show, bad = [], []
+    for line in output.splitlines():
+        if "Potential Performance Loss" in line:
+            bad.append(line)
+            show.append("error (fmha_native build): " + line)
+        elif not (line.startswith("ptxas info") or line.startswith("    ")):
+            show.append(line)
+    return "".join(l + "\n" for l in show), bad
 
 
 def numpy_include():
