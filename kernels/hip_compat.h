@@ -40,9 +40,6 @@ __host__ __device__ inline fmha_bf16 fmha_float2bf16(float x) { return hip_bfloa
 __host__ __device__ inline float fmha_bf162float(fmha_bf16 x) { return static_cast<float>(x); }
 #endif
 
-/* Lane exchange within the whole wave (HIP has no _sync variants before 6.2). */
-#define fmha_shfl_xor(x, lane_mask) __shfl_xor((x), (lane_mask))
-
 #else /* NVIDIA: CUDA behind the HIP names */
 
 #include <cuda_runtime.h>
@@ -85,7 +82,6 @@ typedef cudaMemcpyKind hipMemcpyKind;
 
 #define fmha_float2bf16 __float2bfloat16_rn
 #define fmha_bf162float __bfloat162float
-#define fmha_shfl_xor(x, lane_mask) __shfl_xor_sync(0xffffffffu, (x), (lane_mask))
 
 #endif
 
