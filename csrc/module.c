@@ -1289,38 +1289,33 @@ static PyObject *fwd_run(fmha_module_state *st, fmha_fwd_call *c)
     return PyTuple_Pack(2, c->out_obj, c->lse_obj);
 }
 
-static PyObject *fmha_forward(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
-                              PyObject *kwnames)
+/* forward and explain: parse and prepare the same call, then `finish` it. */
+static PyObject *fwd_call(PyObject *module, const char *name, PyObject *const *args,
+                          Py_ssize_t nargs, PyObject *kwnames,
+                          PyObject *(*finish)(fmha_module_state *, fmha_fwd_call *))
 {
     fmha_module_state *st = module_state(module);
     fmha_fwd_call c;
     PyObject *result = NULL;
     memset(&c, 0, sizeof c);
-    if (fwd_parse(st, "forward", args, nargs, kwnames, &c) < 0)
-        goto fail;
-    if (fwd_prepare(st, &c) < 0)
-        goto fail;
-    result = fwd_run(st, &c);
-fail:
+    if (fwd_parse(st, name, args, nargs, kwnames, &c) >= 0 && fwd_prepare(st, &c) >= 0)
+        result = finish(st, &c);
     fwd_close(&c);
     return result;
 }
 
+static PyObject *fmha_forward(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
+                              PyObject *kwnames)
+{
+    return fwd_call(module, "forward", args, nargs, kwnames, fwd_run);
+}
+
+static PyObject *fwd_explain(fmha_module_state *st, fmha_fwd_call *c) { return fwd_explain_dict(st, c); }
+
 static PyObject *fmha_explain(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
                               PyObject *kwnames)
 {
-    fmha_module_state *st = module_state(module);
-    fmha_fwd_call c;
-    PyObject *result = NULL;
-    memset(&c, 0, sizeof c);
-    if (fwd_parse(st, "explain", args, nargs, kwnames, &c) < 0)
-        goto fail;
-    if (fwd_prepare(st, &c) < 0)
-        goto fail;
-    result = fwd_explain_dict(st, &c);
-fail:
-    fwd_close(&c);
-    return result;
+    return fwd_call(module, "explain", args, nargs, kwnames, fwd_explain);
 }
 
 /* ------------------------------------------------------------------------ */
