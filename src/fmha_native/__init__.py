@@ -99,24 +99,14 @@ def _detach(x):
     return x
 
 
-def _torch_forward_outputs(q, kw):
-    torch = _torch
-
+def _forward_outputs(q, kw, empty, float32):
+    """Allocate out (like q) and lse (float32 [batch, heads_q, seqlen_q]) where kw has none;
+    empty(shape, dtype) is the library's allocator on q's device."""
     if kw.get("out") is None:
-        kw["out"] = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        kw["out"] = empty(q.shape, q.dtype)
     if kw.get("lse") is None and kw.get("return_lse", True):
         batch, seqlen_q, heads_q = q.shape[0], q.shape[1], q.shape[2]
-        kw["lse"] = torch.empty((batch, heads_q, seqlen_q), dtype=torch.float32, device=q.device)
-
-
-def _cupy_forward_outputs(q, kw):
-    import cupy
-
-    if kw.get("out") is None:
-        kw["out"] = cupy.empty(q.shape, dtype=q.dtype)
-    if kw.get("lse") is None and kw.get("return_lse", True):
-        batch, seqlen_q, heads_q = q.shape[0], q.shape[1], q.shape[2]
-        kw["lse"] = cupy.empty((batch, heads_q, seqlen_q), dtype=cupy.float32)
+        kw["lse"] = empty((batch, heads_q, seqlen_q), float32)
 
 
 def _prepare(lib, q, k, v, kw, allocate):
@@ -135,12 +125,28 @@ def _prepare(lib, q, k, v, kw, allocate):
         if (allocate and q.dim() == 4 and
                 not (kw.get("device") == "cpu" and q.device.type != "cpu") and
                 (kw.get("out") is None or kw.get("lse") is None)):
-            _torch_forward_outputs(q, kw)
+            torch = _torch
+            _forward_outputs(q, kw, lambda shape, dtype: torch.empty(shape, dtype=dtype, device=q.device),
+                             torch.float32)
         return ctx, q, k, v, kw
     ctx, kw = _cupy_context(q, kw)
     if allocate and q.ndim == 4 and kw.get("device") != "cpu":
-        _cupy_forward_outputs(q, kw)
+        import cupy
+
+        _forward_outputs(q, kw, lambda shape, dtype: cupy.empty(shape, dtype=dtype), cupy.float32)
     return ctx, q, k, v, kw
+
+
+def _dispatch(fn, q, k, v, kw, allocate):
+    """fn(q, k, v, **kw) in the context the inputs' library needs (see _prepare)."""
+    lib = _library(q)
+    if lib is None:
+        return fn(q, k, v, **kw)
+    ctx, q, k, v, kw = _prepare(lib, q, k, v, kw, allocate=allocate)
+    if ctx is None:
+        return fn(q, k, v, **kw)
+    with ctx:
+        return fn(q, k, v, **kw)
 
 
 def forward(q, k, v, **kw):
@@ -156,14 +162,7 @@ def forward(q, k, v, **kw):
     ``v_new`` [batch, seqlen_new, heads_kv, head_dim] are written into it at
     cache_seqlens[b] before attending.
     """
-    lib = _library(q)
-    if lib is None:
-        return _C.forward(q, k, v, **kw)
-    ctx, q, k, v, kw = _prepare(lib, q, k, v, kw, allocate=True)
-    if ctx is None:
-        return _C.forward(q, k, v, **kw)
-    with ctx:
-        return _C.forward(q, k, v, **kw)
+    return _dispatch(_C.forward, q, k, v, kw, allocate=True)
 
 
 def explain(q, k, v, **kw):
@@ -173,14 +172,7 @@ def explain(q, k, v, **kw):
     num_splits, block_m, block_n, pack_gqa, reason, gate ({requirement: {"met",
     "why"}}), supported, and the problem's dimensions.
     """
-    lib = _library(q)
-    if lib is None:
-        return _C.explain(q, k, v, **kw)
-    ctx, q, k, v, kw = _prepare(lib, q, k, v, kw, allocate=False)
-    if ctx is None:
-        return _C.explain(q, k, v, **kw)
-    with ctx:
-        return _C.explain(q, k, v, **kw)
+    return _dispatch(_C.explain, q, k, v, kw, allocate=False)
 
 
 def combine(outs, lses, **kw):
