@@ -105,43 +105,29 @@ int fmha_state_init(fmha_module_state *st)
     return 0;
 }
 
+/* Every object reference the state holds besides names[] (traverse and clear). */
+#define FMHA_STATE_REFS(X)                                                                 \
+    X(error) X(tensor_type) X(dlpack_version) X(kw_stream_version) X(kw_version)           \
+    X(kw_stream) X(kw_dtype) X(torch.tensor_type) X(torch.strided) X(torch.to_dlpack)     \
+    X(torch.has_torch_function) X(torch.current_device) X(torch.current_stream)
+
 int fmha_state_traverse(fmha_module_state *st, visitproc visit, void *arg)
 {
-    Py_VISIT(st->error);
-    Py_VISIT(st->tensor_type);
     for (int i = 0; i < FMHA_NAME_COUNT; i++)
         Py_VISIT(st->names[i]);
-    Py_VISIT(st->dlpack_version);
-    Py_VISIT(st->kw_stream_version);
-    Py_VISIT(st->kw_version);
-    Py_VISIT(st->kw_stream);
-    Py_VISIT(st->kw_dtype);
-    Py_VISIT(st->torch.tensor_type);
-    Py_VISIT(st->torch.strided);
-    Py_VISIT(st->torch.to_dlpack);
-    Py_VISIT(st->torch.has_torch_function);
-    Py_VISIT(st->torch.current_device);
-    Py_VISIT(st->torch.current_stream);
+#define FMHA_VISIT(member) Py_VISIT(st->member);
+    FMHA_STATE_REFS(FMHA_VISIT)
+#undef FMHA_VISIT
     return 0;
 }
 
 void fmha_state_clear(fmha_module_state *st)
 {
-    Py_CLEAR(st->error);
-    Py_CLEAR(st->tensor_type);
     for (int i = 0; i < FMHA_NAME_COUNT; i++)
         Py_CLEAR(st->names[i]);
-    Py_CLEAR(st->dlpack_version);
-    Py_CLEAR(st->kw_stream_version);
-    Py_CLEAR(st->kw_version);
-    Py_CLEAR(st->kw_stream);
-    Py_CLEAR(st->kw_dtype);
-    Py_CLEAR(st->torch.tensor_type);
-    Py_CLEAR(st->torch.strided);
-    Py_CLEAR(st->torch.to_dlpack);
-    Py_CLEAR(st->torch.has_torch_function);
-    Py_CLEAR(st->torch.current_device);
-    Py_CLEAR(st->torch.current_stream);
+#define FMHA_CLEAR(member) Py_CLEAR(st->member);
+    FMHA_STATE_REFS(FMHA_CLEAR)
+#undef FMHA_CLEAR
     st->torch.state = 0;
 }
 
