@@ -102,6 +102,9 @@ typedef struct fmha_fwd_params {
     int split_blocks;       /* GPU: key blocks per split for every batch entry (ragged batches:
                                long entries get more non-empty splits); 0 = each entry's blocks
                                divided by num_splits */
+    int stream_splits;      /* GPU: streams (fmha_config.h) that share one split's key blocks,
+                               block j of the split going to stream j % stream_splits, and
+                               merge in shared memory; 1, 2 or 4 (CPU: 1) */
 
     /* ---- split scratch (backend-owned, used when num_splits >= 2) ----
      * o_accum   [num_splits, batch, seqlen_q, heads_q, head_dim] fp32, contiguous
@@ -180,9 +183,10 @@ typedef struct fmha_plan {
     int block_m, block_n;
     int pack_gqa;
     int split_blocks;       /* see fmha_fwd_params.split_blocks */
+    int stream_splits;      /* see fmha_fwd_params.stream_splits */
     int n_gate;
     fmha_gate_item gate[FMHA_GATE_MAX];
-    char reason[320];       /* why this kernel and split count (or why unsupported) */
+    char reason[400];       /* why this kernel and split count (or why unsupported) */
 } fmha_plan;
 
 /* ---- planner (plan.c) ---- */

@@ -21,27 +21,40 @@
  * while the other's tile products do (H200: d64 prefill 1.12x the 128-row,
  * two-warpgroup CTA at one per SM; benchmarks/RESULTS.md).  Up to 64 packed
  * rows (speculative decoding, chunked prefill) it also packs GQA heads.
- *   X(head_dim, block_m, block_n, warps, stages, ctas)
+ *   X(head_dim, block_m, block_n, warps, stages, ctas, streams)
  *   head_dim  features per head (compile-time in the kernel)
- *   block_m   query rows per CTA; each warp owns block_m / warps rows
+ *   block_m   query rows per tile; each warp of a stream owns block_m / (warps / streams)
  *   block_n   keys per main-loop step
  *   warps     warps per CTA
  *   stages    K/V shared-memory buffers in flight (cp.async pipeline depth)
  *   ctas      CTAs per SM the register budget is cut for (__launch_bounds__)
+ *   streams   independent K/V streams per CTA, each with warps / streams warps,
+ *             its own Q tile and K/V ring; the planner gives each stream its
+ *             own (tile, split), or lets 2 or 4 of them share one split's key
+ *             blocks and merge in shared memory (fmha_fwd_params.stream_splits)
  */
-#define FMHA_GPU_MMA_CONFIGS(X) \
-    X(64, 64, 128, 4, 3, 2)     \
-    X(128, 64, 64, 4, 3, 2)
+#define FMHA_GPU_MMA_CONFIGS(X)    \
+    X(64, 64, 128, 4, 3, 2, 1)     \
+    X(128, 64, 64, 4, 3, 2, 1)
 
 /*
  * GPU decode tiles, for few rows per kv head (decode, speculative decoding):
- * the query heads of a kv head are packed into the rows (pack_gqa), a CTA is
- * small so many run per SM, and a deep cp.async ring keeps HBM busy.  Same
+ * the query heads of a kv head are packed into the rows (pack_gqa), each warp
+ * is a stream with a deep cp.async ring of its own (four per SM keep HBM
+ * busy), and when there are few tiles the four warps of a CTA share one
+ * split instead of needing four times the splits and a combine.  Same
  * fields as above.
  */
-#define FMHA_GPU_DECODE_CONFIGS(X) \
-    X(64, 16, 64, 1, 3, 1)         \
-    X(128, 16, 32, 1, 3, 1)
+#define FMHA_GPU_DECODE_CONFIGS(X)                                    \
+    X(64, 16, 64, FMHA_GPU_DECODE_STREAMS, 3, 1, FMHA_GPU_DECODE_STREAMS) \
+    X(128, 16, 32, FMHA_GPU_DECODE_STREAMS, 3, 1, FMHA_GPU_DECODE_STREAMS)
+/* One-warp streams per decode CTA.  AMD: a workgroup has 64 KB of LDS, one
+ * stream's worth there (its ring is one stage deep: mma_amd.h). */
+#if defined(FMHA_WITH_HIP)
+#define FMHA_GPU_DECODE_STREAMS 1
+#else
+#define FMHA_GPU_DECODE_STREAMS 4
+#endif
 
 /* Packed rows per kv head up to which the planner picks the decode tiles. */
 #define FMHA_GPU_DECODE_MAX_ROWS 16
@@ -50,6 +63,10 @@
 #define FMHA_CPU_BLOCK_M 16
 #define FMHA_CPU_BLOCK_N 64
 #define FMHA_CPU_MAX_HEAD_DIM 256
+
+/* 1: the split-K combine is launched to overlap the producer's tail
+ * (programmatic dependent launch, NVIDIA sm_90+); 0: a plain launch. */
+#define FMHA_GPU_OVERLAP_COMBINE 1
 
 /* Splits: upper bound on any forced split count. */
 #define FMHA_MAX_SPLITS 256

@@ -79,6 +79,18 @@ static double model_time(const machine *m, int64_t ctas, int64_t blocks)
            (1.0 + m->share_cost * (double)(resident > 1 ? resident - 1 : 0));
 }
 
+/*
+ * Modelled time of `pieces` (tile, split) pieces of `blocks` key blocks each
+ * when `ws` streams share every piece (block j to stream j % ws) and a CTA
+ * runs `streams` streams: ceil(pieces * ws / streams) CTAs whose streams
+ * each walk ceil(blocks / ws) blocks (plus `extra`, e.g. writing partials).
+ */
+static double model_streams(const machine *m, int64_t pieces, int64_t blocks, int64_t extra, int ws,
+                            int streams)
+{
+    return model_time(m, ceil_div(pieces * ws, streams), ceil_div(blocks, ws) + extra);
+}
+
 /* Share of the machine busy over the waves that `work` tiles take on `slots`. */
 static double wave_efficiency(int64_t work, int64_t slots)
 {
@@ -87,42 +99,52 @@ static double wave_efficiency(int64_t work, int64_t slots)
 }
 
 /*
- * Split count for `tiles` equal tiles of `key_blocks` key blocks each.  Time
- * is modelled (model_time) as
+ * Split count s for `tiles` equal tiles of `key_blocks` key blocks each, and
+ * how many of a CTA's `streams` streams share each split (*ws; 1 when the
+ * CTA has one stream).  Time is modelled (model_streams) as
  *
- *   waves(tiles * s) * (ceil(key_blocks / s) + FMHA_SPLIT_OVERHEAD_BLOCKS + partial_cost)
+ *   waves(tiles * s * ws / streams) * (ceil(key_blocks / s / ws) + FMHA_SPLIT_OVERHEAD_BLOCKS
+ *                                      + partial_cost if s > 1)
  *
  * times the slow-down of CTAs that share an SM (each CTA pays a pipeline fill
  * and an epilogue worth a few key blocks, a split CTA also writes fp32
  * partials that the combine reads back, and the last wave of a ragged grid
- * leaves SMs idle); the smallest s with the least modelled time wins, if it
- * beats no split by FMHA_SPLIT_MIN_GAIN.  The constants were fit with
- * benchmarks/sweep_splits.py.
+ * leaves SMs idle).  A split plan must beat the best unsplit one by
+ * FMHA_SPLIT_MIN_GAIN (the model leaves out the partials' traffic and the
+ * combine); among equals the most streams per split and then the fewest
+ * splits win.  The constants were fit with benchmarks/sweep_splits.py.
  */
-static int choose_splits(int64_t tiles, const machine *m, int64_t key_blocks, int64_t partial_cost,
-                         char *why, size_t why_len)
+static int choose_splits(int64_t tiles, const machine *m, int streams, int64_t key_blocks,
+                         int64_t partial_cost, int *ws_out, char *why, size_t why_len)
 {
     int64_t limit = key_blocks / FMHA_MIN_BLOCKS_PER_SPLIT;
     limit = limit < FMHA_MAX_HEURISTIC_SPLITS ? limit : FMHA_MAX_HEURISTIC_SPLITS;
     limit = limit > 1 ? limit : 1;
 
-    int chosen = 1;
-    /* A split plan must win clearly: the model leaves out the partials' traffic and the combine. */
-    double best_cost = model_time(m, tiles, key_blocks) * FMHA_SPLIT_MIN_GAIN;
-    for (int64_t s = 2; s <= limit; s++) {
-        double cost = model_time(m, tiles * s, ceil_div(key_blocks, s) + partial_cost);
-        if (cost < best_cost) {
-            best_cost = cost;
-            chosen = (int)s;
+    int chosen = 1, chosen_ws = 1;
+    double best_cost = DBL_MAX;
+    for (int ws = streams; ws >= 1; ws /= 2)
+        for (int64_t s = 1; s <= limit; s++) {
+            if (ws > 1 && ceil_div(key_blocks, s) < ws)
+                break; /* a stream with no block */
+            double cost = model_streams(m, tiles * s, ceil_div(key_blocks, s), s > 1 ? partial_cost : 0,
+                                        ws, streams);
+            if (s > 1)
+                cost /= FMHA_SPLIT_MIN_GAIN;
+            if (cost < best_cost) {
+                best_cost = cost;
+                chosen = (int)s;
+                chosen_ws = ws;
+            }
         }
-    }
-    const int64_t slots = machine_slots(m);
+    *ws_out = chosen_ws;
+    const int64_t slots = machine_slots(m), ctas = ceil_div(tiles * chosen * chosen_ws, streams);
     snprintf(why, why_len, "%lld tiles x %lld key blocks on %lld slots: %d split%s of ~%lld "
-             "key blocks in %lld wave%s (machine %.0f%% busy)", (long long)tiles,
+             "key blocks, %d stream%s each, in %lld wave%s (machine %.0f%% busy)", (long long)tiles,
              (long long)key_blocks, (long long)slots, chosen, chosen > 1 ? "s" : "",
-             (long long)ceil_div(key_blocks, chosen), (long long)ceil_div(tiles * chosen, slots),
-             ceil_div(tiles * chosen, slots) > 1 ? "s" : "",
-             100.0 * wave_efficiency(tiles * chosen, slots));
+             (long long)ceil_div(key_blocks, chosen), chosen_ws, chosen_ws > 1 ? "s" : "",
+             (long long)ceil_div(ctas, slots), ceil_div(ctas, slots) > 1 ? "s" : "",
+             100.0 * wave_efficiency(ctas, slots));
     return chosen;
 }
 
@@ -134,16 +156,23 @@ static int64_t split_partial_cost(int block_m, int block_n)
     return ceil_div(2 * (int64_t)block_m, block_n);
 }
 
-/* The split count: the caller's, clamped to the key blocks there are, or the heuristic's. */
-static int plan_splits(int requested, int64_t tiles, const machine *m, int64_t key_blocks,
-                       int block_m, int block_n, char *why, size_t why_len)
+/*
+ * The split count: the caller's, clamped to the key blocks there are, or the
+ * heuristic's.  A forced count runs each split on one stream (*ws = 1), so a
+ * row's result does not depend on the rest of the batch (DESIGN.md).
+ */
+static int plan_splits(int requested, int64_t tiles, const machine *m, int streams,
+                       int64_t key_blocks, int block_m, int block_n, int *ws, char *why,
+                       size_t why_len)
 {
     if (requested > 0) {
         snprintf(why, why_len, "num_splits=%d forced (clamped to %lld key blocks)", requested,
                  (long long)key_blocks);
+        *ws = 1;
         return requested > key_blocks ? (int)key_blocks : requested;
     }
-    return choose_splits(tiles, m, key_blocks, split_partial_cost(block_m, block_n), why, why_len);
+    return choose_splits(tiles, m, streams, key_blocks, split_partial_cost(block_m, block_n), ws,
+                         why, why_len);
 }
 
 static void plan_cpu(const fmha_fwd_params *p, const fmha_target *t, int requested,
@@ -164,18 +193,18 @@ static void plan_cpu(const fmha_fwd_params *p, const fmha_target *t, int request
 
     int64_t key_blocks = fmha_num_key_blocks(p, plan->block_n);
     int threads = t->num_threads > 0 ? t->num_threads : 1;
-    char why[160];
+    char why[224];
     int64_t tiles = p->batch * p->heads_kv * ceil_div(tile_rows(p, 1), plan->block_m);
     const machine cpu = {threads, 1, 0.0};
-    plan->num_splits = plan_splits(requested, tiles, &cpu, key_blocks, plan->block_m,
-                                   plan->block_n, why, sizeof why);
+    plan->num_splits = plan_splits(requested, tiles, &cpu, 1, key_blocks, plan->block_m,
+                                   plan->block_n, &plan->stream_splits, why, sizeof why);
     snprintf(plan->reason, sizeof plan->reason, "CPU: %dx%d tiles on %d threads; %s",
              plan->block_m, plan->block_n, threads, why);
 }
 
 /* A row of the GPU tile tables. */
 typedef struct gpu_tiles {
-    int block_m, block_n, warps, stages;
+    int block_m, block_n, warps, stages, streams;
 } gpu_tiles;
 
 /* The GPU kernels are instantiated for the head_dims of these tables; the
@@ -183,8 +212,8 @@ typedef struct gpu_tiles {
 static int gpu_mma_config(int64_t head_dim, gpu_tiles *t, int *row)
 {
     int r = 0;
-#define FMHA_MATCH(hd, bm, bn, w, st, ctas) \
-    if (head_dim == (hd)) { *t = (gpu_tiles){bm, bn, w, st}; *row = r; return 1; } r++; (void)(ctas);
+#define FMHA_MATCH(hd, bm, bn, w, st, ctas, str) \
+    if (head_dim == (hd)) { *t = (gpu_tiles){bm, bn, w, st, str}; *row = r; return 1; } r++; (void)(ctas);
     FMHA_GPU_MMA_CONFIGS(FMHA_MATCH)
 #undef FMHA_MATCH
     return 0;
@@ -193,8 +222,8 @@ static int gpu_mma_config(int64_t head_dim, gpu_tiles *t, int *row)
 /* The decode tiles for head_dim (every head_dim of the prefill table has a row). */
 static int gpu_decode_config(int64_t head_dim, gpu_tiles *t)
 {
-#define FMHA_MATCH(hd, bm, bn, w, st, ctas) \
-    if (head_dim == (hd)) { *t = (gpu_tiles){bm, bn, w, st}; return 1; }
+#define FMHA_MATCH(hd, bm, bn, w, st, ctas, str) \
+    if (head_dim == (hd)) { *t = (gpu_tiles){bm, bn, w, st, str}; return 1; }
     FMHA_GPU_DECODE_CONFIGS(FMHA_MATCH)
 #undef FMHA_MATCH
     return 0;
@@ -204,7 +233,7 @@ static void gpu_head_dims(char *buf, size_t len)
 {
     size_t used = 0;
     buf[0] = '\0';
-#define FMHA_LIST(hd, bm, bn, warps, stages, ctas) \
+#define FMHA_LIST(hd, bm, bn, warps, stages, ctas, streams) \
     used += (size_t)snprintf(buf + used, used < len ? len - used : 0, "%s%d", used ? ", " : "", hd);
     FMHA_GPU_MMA_CONFIGS(FMHA_LIST)
 #undef FMHA_LIST
@@ -262,23 +291,29 @@ static void plan_ragged(const fmha_fwd_params *p, int64_t tiles_per_entry, const
     int64_t limit = max_blocks / FMHA_MIN_BLOCKS_PER_SPLIT;
     limit = limit < FMHA_MAX_HEURISTIC_SPLITS ? limit : FMHA_MAX_HEURISTIC_SPLITS;
     int64_t best_s = 1;
+    int best_ws = 1;
     double best_cost = DBL_MAX;
-    for (int64_t s = 1; s <= (limit > 1 ? limit : 1); s++) {
-        const int64_t chunk = ceil_div(max_blocks, s);
-        /* each entry's last chunk is on average half full */
-        const int64_t ctas = tiles_per_entry * (ceil_div(total_blocks, chunk) + p->batch / 2);
-        const double cost = model_time(m, ctas, chunk + (s > 1 ? partial : 0));
-        if (cost < best_cost) {
-            best_cost = cost;
-            best_s = s;
+    for (int ws = t->streams; ws >= 1; ws /= 2)
+        for (int64_t s = 1; s <= (limit > 1 ? limit : 1); s++) {
+            const int64_t chunk = ceil_div(max_blocks, s);
+            if (ws > 1 && chunk < ws)
+                break;
+            /* each entry's last chunk is on average half full */
+            const int64_t pieces = tiles_per_entry * (ceil_div(total_blocks, chunk) + p->batch / 2);
+            const double cost = model_streams(m, pieces, chunk, s > 1 ? partial : 0, ws, t->streams);
+            if (cost < best_cost) {
+                best_cost = cost;
+                best_s = s;
+                best_ws = ws;
+            }
         }
-    }
     const int64_t chunk = ceil_div(max_blocks, best_s);
     plan->num_splits = (int)best_s;
     plan->split_blocks = best_s > 1 ? (int)chunk : 0;
+    plan->stream_splits = best_ws;
     snprintf(why, why_len, "ragged batch, %lld key blocks in all, longest %lld: chunks of %lld "
-             "key blocks, up to %lld per entry", (long long)total_blocks, (long long)max_blocks,
-             (long long)chunk, (long long)best_s);
+             "key blocks on %d stream%s, up to %lld per entry", (long long)total_blocks,
+             (long long)max_blocks, (long long)chunk, best_ws, best_ws > 1 ? "s" : "", (long long)best_s);
 }
 
 /* Resident CTAs per SM of the tensor-core kernel: measured by the runtime
@@ -288,8 +323,8 @@ static int gpu_ctas_per_sm(const fmha_device_info *dev, int kernel, int row, int
 {
     if (row < FMHA_GPU_MAX_CONFIGS && dev->ctas_per_sm[kernel - 1][row] > 0)
         return dev->ctas_per_sm[kernel - 1][row];
-    /* Q tile + `stages` K and V tiles, 2-byte elements. */
-    int64_t smem = (int64_t)(t->block_m + 2 * t->stages * t->block_n) * head_dim * 2;
+    /* Per stream: Q tile + `stages` K and V tiles, 2-byte elements. */
+    int64_t smem = (int64_t)t->streams * (t->block_m + 2 * t->stages * t->block_n) * head_dim * 2;
     int64_t per_sm = dev->max_smem_per_sm > 0 ? dev->max_smem_per_sm : dev->max_smem_per_block;
     int ctas = smem > 0 ? (int)(per_sm / smem) : 1;
     return ctas < 1 ? 1 : ctas;
@@ -342,7 +377,7 @@ static void plan_gpu(const fmha_fwd_params *p, const fmha_target *t, int request
     gate_add(plan, "dtype", dt_ok, "%s %s (GPU kernels: float16, bfloat16)",
              dtype_name(p->dtype), dt_ok ? "supported" : "not supported");
 
-    gpu_tiles tiles_mma = {0, 0, 0, 0};
+    gpu_tiles tiles_mma = {0, 0, 0, 0, 1};
     int config_row = 0;
     int hd_ok = gpu_mma_config(p->head_dim, &tiles_mma, &config_row);
     char dims[64];
@@ -384,16 +419,18 @@ static void plan_gpu(const fmha_fwd_params *p, const fmha_target *t, int request
     int64_t n_tiles = p->batch * (plan->pack_gqa ? p->heads_kv : p->heads_q) * row_tiles;
     const machine gpu = {dev->sm_count, gpu_ctas_per_sm(dev, kernel, config_row, p->head_dim, &tiles),
                          kernel == FMHA_KERNEL_GPU_MMA ? FMHA_GPU_MMA_SHARE_COST : 0.0};
-    char why[160];
+    char why[224];
     if (requested == 0 && p->seqlens_k && p->total_keys > 0 && p->batch > 1)
         plan_ragged(p, n_tiles / p->batch, &gpu, key_blocks, &tiles, plan, why, sizeof why);
     else
-        plan->num_splits = plan_splits(requested, n_tiles, &gpu, key_blocks, tiles.block_m,
-                                       tiles.block_n, why, sizeof why);
-    snprintf(plan->kernel, sizeof plan->kernel, "fwd_%s<%s,d%lld%s%s>%s",
+        plan->num_splits = plan_splits(requested, n_tiles, &gpu, tiles.streams, key_blocks,
+                                       tiles.block_m, tiles.block_n, &plan->stream_splits, why,
+                                       sizeof why);
+    snprintf(plan->kernel, sizeof plan->kernel, "fwd_%s<%s,d%lld%s%s>%s%s",
              kernel == FMHA_KERNEL_GPU_DECODE ? "decode" : "mma",
              dtype_name(p->dtype), (long long)p->head_dim, p->causal ? ",causal" : "",
-             plan->pack_gqa ? ",pack_gqa" : "", plan->num_splits > 1 ? "+combine" : "");
+             plan->pack_gqa ? ",pack_gqa" : "", plan->stream_splits > 1 ? "+merge" : "",
+             plan->num_splits > 1 ? "+combine" : "");
     snprintf(plan->reason, sizeof plan->reason, "%s tensor-core tiles %dx%d%s; %s",
              kernel == FMHA_KERNEL_GPU_DECODE ? "decode (few rows per kv head)" : "prefill",
              tiles.block_m, tiles.block_n, plan->pack_gqa ? ", query heads of a kv head packed" : "", why);
@@ -405,6 +442,7 @@ fmha_status fmha_plan_make(const fmha_fwd_params *p, const fmha_target *t, int r
     memset(plan, 0, sizeof *plan);
     plan->supported = 1;
     plan->num_splits = 1;
+    plan->stream_splits = 1;
     if (t->backend == FMHA_BACKEND_CPU)
         plan_cpu(p, t, requested_splits, plan);
     else
@@ -415,6 +453,7 @@ fmha_status fmha_plan_make(const fmha_fwd_params *p, const fmha_target *t, int r
 void fmha_plan_apply(const fmha_plan *plan, fmha_fwd_params *p)
 {
     p->split_blocks = plan->split_blocks;
+    p->stream_splits = plan->stream_splits > 0 ? plan->stream_splits : 1;
     p->num_splits = plan->num_splits;
     p->block_m = plan->block_m;
     p->block_n = plan->block_n;

@@ -11,6 +11,7 @@
  * producers and by fmha_native.combine.
  */
 #include "convert.h"
+#include "fold.h"
 #include "launch.h"
 
 #include <math.h>
@@ -23,12 +24,6 @@ namespace {
 constexpr int COMBINE_THREADS = 256;
 constexpr int COMBINE_SPLITS_PER_GROUP = 4; /* splits one thread folds, when the CTA has room */
 constexpr int COMBINE_UNROLL = 8;           /* partial loads in flight per thread */
-
-/* max that keeps NaN (fmaxf drops it): a NaN partial must poison its row. */
-__device__ __forceinline__ float nan_max(float a, float b) { return a != a ? a : b != b ? b : fmaxf(a, b); }
-
-/* An empty split (weight 0) must not multiply whatever its partial holds. */
-__device__ __forceinline__ float weighted(float weight, float x) { return weight == 0.f ? 0.f : weight * x; }
 
 /*
  * How a CTA's threads cover rows: `lanes` threads, `vec` features each, span
@@ -75,6 +70,7 @@ template <typename TIn, typename TOut, int VEC>
 __global__ void __launch_bounds__(COMBINE_THREADS, 1) combine_kernel(const fmha_combine_params c, const combine_shape shape)
 {
     extern __shared__ float smem[]; /* [rows][groups] m, s; [rows][groups][lanes * VEC] acc */
+    fmha_wait_prior_grid(); /* launched overlapped: the producer's partials are complete from here */
     float *s_max = smem;
     float *s_sum = s_max + shape.rows * shape.groups;
     float *s_acc = s_sum + shape.rows * shape.groups;
@@ -183,7 +179,7 @@ template <typename TIn> bool vector_partials(const fmha_combine_params &c)
            c.op_head_stride % 4 == 0;
 }
 
-template <typename TIn, typename TOut> fmha_status launch_typed(const fmha_combine_params &c)
+template <typename TIn, typename TOut> fmha_status launch_typed(const fmha_combine_params &c, bool overlapped)
 {
     const int64_t rows = c.batch * c.seqlen_q * c.heads;
     const bool vec = vector_partials<TIn>(c);
@@ -196,28 +192,35 @@ template <typename TIn, typename TOut> fmha_status launch_typed(const fmha_combi
         return FMHA_ERR_UNSUPPORTED;
     }
     auto kernel = vec ? combine_kernel<TIn, TOut, 4> : combine_kernel<TIn, TOut, 1>;
-    kernel<<<dim3((unsigned)ctas), dim3(COMBINE_THREADS), shape.smem_bytes(), (hipStream_t)c.stream>>>(c, shape);
+    const dim3 grid((unsigned)ctas), block(COMBINE_THREADS);
+    if (overlapped) {
+        const hipError_t err = fmha_launch_overlapped(kernel, grid, block, shape.smem_bytes(),
+                                                      (hipStream_t)c.stream, c, shape);
+        return err == hipSuccess ? FMHA_OK : record_error("combine_kernel (overlapped launch)", err);
+    }
+    kernel<<<grid, block, shape.smem_bytes(), (hipStream_t)c.stream>>>(c, shape);
     return check_launch("combine_kernel");
 }
 
-template <typename TIn> fmha_status launch_out(const fmha_combine_params &c)
+template <typename TIn> fmha_status launch_out(const fmha_combine_params &c, bool overlapped)
 {
     switch (c.out_dtype) {
-    case FMHA_DTYPE_F16: return launch_typed<TIn, fmha_half>(c);
-    case FMHA_DTYPE_BF16: return launch_typed<TIn, fmha_bf16>(c);
-    case FMHA_DTYPE_F32: return launch_typed<TIn, float>(c);
+    case FMHA_DTYPE_F16: return launch_typed<TIn, fmha_half>(c, overlapped);
+    case FMHA_DTYPE_BF16: return launch_typed<TIn, fmha_bf16>(c, overlapped);
+    case FMHA_DTYPE_F32: return launch_typed<TIn, float>(c, overlapped);
     }
     return FMHA_ERR_INVALID;
 }
 
 }  // namespace
 
-fmha_status launch_combine(const fmha_combine_params &c)
+fmha_status launch_combine(const fmha_combine_params &c, bool after_producer)
 {
+    const bool overlapped = FMHA_GPU_OVERLAP_COMBINE && after_producer && overlap_supported(c.device);
     switch (c.in_dtype) {
-    case FMHA_DTYPE_F16: return launch_out<fmha_half>(c);
-    case FMHA_DTYPE_BF16: return launch_out<fmha_bf16>(c);
-    case FMHA_DTYPE_F32: return launch_out<float>(c);
+    case FMHA_DTYPE_F16: return launch_out<fmha_half>(c, overlapped);
+    case FMHA_DTYPE_BF16: return launch_out<fmha_bf16>(c, overlapped);
+    case FMHA_DTYPE_F32: return launch_out<float>(c, overlapped);
     }
     return FMHA_ERR_INVALID;
 }

@@ -18,6 +18,7 @@
 
 #include "fmha.h"
 #include "fmha_config.h"
+#include "fold.h"
 #include "hip_compat.h"
 #if FMHA_DEVICE_IS_AMD
 #include "mma_amd.h" /* MFMA engine; same fragment interface */
@@ -35,11 +36,16 @@ constexpr float LN2 = 0.693147180559945309f;
 constexpr int ELEMS_PER_CHUNK = 8; /* 16-byte copies of 16-bit elements */
 
 /* Compile-time tile configuration: one instantiation per row of the tables in fmha_config.h. */
-template <int HEAD_DIM, int BLOCK_M, int BLOCK_N, int WARPS, int STAGES, int CTAS>
+template <int HEAD_DIM, int BLOCK_M, int BLOCK_N, int WARPS, int STAGES, int CTAS, int STREAMS>
 struct tile_config {
     static constexpr int head_dim = HEAD_DIM, block_m = BLOCK_M, block_n = BLOCK_N;
     static constexpr int warps = WARPS, stages = STAGES, ctas_per_sm = CTAS;
-    static_assert(BLOCK_M % (16 * WARPS) == 0, "each warp owns whole 16-row mma tiles");
+    static constexpr int streams = STREAMS, stream_warps = WARPS / STREAMS;
+    static_assert(WARPS % STREAMS == 0, "every stream has the same warps");
+    static_assert(STREAMS == 1 || STREAMS == 2 || STREAMS == 4, "stream_splits divides the streams");
+    static_assert(STREAMS == 1 || WARPS == STREAMS,
+                  "a stream is the whole CTA or one warp (its barrier is __syncthreads or a warp's)");
+    static_assert(BLOCK_M % (16 * stream_warps) == 0, "each warp owns whole 16-row mma tiles");
     static_assert(BLOCK_N % 16 == 0 && HEAD_DIM % 16 == 0, "tiles are whole mma k-steps");
     static_assert(STAGES >= 1, "at least one K/V stage");
 };
@@ -88,19 +94,20 @@ template <int ROWS, int HEAD_DIM> struct smem_tile {
 };
 
 /*
- * Copy a ROWS x HEAD_DIM tile into shared memory; row_ptr(r) gives the global
- * address of row r, or nullptr for rows past the end (zero-filled, so padded
- * keys contribute P = 0 times V = 0, never garbage).
+ * Copy a ROWS x HEAD_DIM tile into shared memory with the THREADS threads of
+ * a stream (this one is `tid`); row_ptr(r) gives the global address of row r,
+ * or nullptr for rows past the end (zero-filled, so padded keys contribute
+ * P = 0 times V = 0, never garbage).
  */
 template <int ROWS, int HEAD_DIM, int THREADS, typename T, typename RowPtr>
-__device__ __forceinline__ void load_tile(T *smem, const T *any_valid, RowPtr row_ptr)
+__device__ __forceinline__ void load_tile(T *smem, const T *any_valid, RowPtr row_ptr, int tid)
 {
     using tile = smem_tile<ROWS, HEAD_DIM>;
     constexpr int TOTAL = ROWS * tile::CHUNKS;
     static_assert(TOTAL % THREADS == 0, "every thread copies the same number of chunks");
 #pragma unroll
     for (int i = 0; i < TOTAL / THREADS; i++) {
-        int idx = i * THREADS + (int)threadIdx.x;
+        int idx = i * THREADS + tid;
         int row = idx / tile::CHUNKS, chunk = idx % tile::CHUNKS;
         const T *src = row_ptr(row);
         copy_async_16(smem + tile::offset(row, chunk),
@@ -115,13 +122,13 @@ __device__ __forceinline__ void load_tile(T *smem, const T *any_valid, RowPtr ro
  */
 template <int ROWS, int HEAD_DIM, int THREADS, typename T>
 __device__ __forceinline__ void load_rows(T *smem, const T *first_row, int64_t row_stride,
-                                          int64_t valid_rows)
+                                          int64_t valid_rows, int tid)
 {
     using tile = smem_tile<ROWS, HEAD_DIM>;
     static_assert(THREADS % tile::CHUNKS == 0, "a pass of the threads copies whole rows");
     constexpr int ROWS_PER_PASS = THREADS / tile::CHUNKS;
     static_assert(ROWS % ROWS_PER_PASS == 0, "the passes cover the tile exactly");
-    const int row0 = (int)threadIdx.x / tile::CHUNKS, chunk = (int)threadIdx.x % tile::CHUNKS;
+    const int row0 = tid / tile::CHUNKS, chunk = tid % tile::CHUNKS;
     const int64_t pass_stride = ROWS_PER_PASS * row_stride;
     const T *src = first_row + row0 * row_stride + chunk * ELEMS_PER_CHUNK;
 #pragma unroll
@@ -132,18 +139,27 @@ __device__ __forceinline__ void load_rows(T *smem, const T *first_row, int64_t r
     }
 }
 
-/* The work of one CTA: which batch entry, heads, rows, and key blocks. */
+/*
+ * The work of one stream (a CTA, or one warp of a decode CTA): which batch
+ * entry, heads, rows, and key blocks.  Stream unit u runs piece u /
+ * stream_splits (a tile and a split of its key blocks) and, of that split's
+ * blocks, every stream_splits-th from sub = u % stream_splits on.
+ */
 struct cta_work {
     int64_t b;        /* batch entry */
     int64_t slot;     /* query head, or kv head when pack_gqa */
     int64_t group;    /* query heads per kv head */
-    int64_t rows;     /* tile rows in the problem: seqlen_q, times group when packed */
-    int64_t row0;     /* first row of this CTA */
+    int64_t rows;     /* tile rows in the problem: seqlen_q, times group when packed (0: idle stream) */
+    int64_t row0;     /* first row of this tile */
     int64_t len_k;    /* keys of this batch entry */
     int split;        /* which split of the key blocks */
-    int n_begin, n_end; /* key blocks [n_begin, n_end) */
+    int n_begin, n_end; /* the split's key blocks [n_begin, n_end) */
+    int n_first, n_step, n_count; /* this stream's: n_first + j * n_step, j < n_count */
+    bool active;      /* a piece of the problem (the last CTA may have idle streams) */
 
     bool packed;      /* rows interleave the query heads of kv head `slot` */
+
+    __device__ int block(int j) const { return n_first + j * n_step; }
 
     /* Packed row r is query r / group of query head slot * group + r % group. */
     __device__ int64_t query_of(int64_t row) const { return packed ? row / group : row; }
@@ -155,7 +171,7 @@ struct cta_work {
 };
 
 template <int BLOCK_M, int BLOCK_N, bool CAUSAL>
-__device__ __forceinline__ cta_work make_work(const fmha_fwd_params &p)
+__device__ __forceinline__ cta_work make_work(const fmha_fwd_params &p, int64_t unit)
 {
     cta_work w;
     w.packed = p.pack_gqa != 0;
@@ -163,8 +179,9 @@ __device__ __forceinline__ cta_work make_work(const fmha_fwd_params &p)
     w.rows = p.pack_gqa ? p.seqlen_q * w.group : p.seqlen_q;
     int64_t slots = p.pack_gqa ? p.heads_kv : p.heads_q;
     int64_t m_blocks = (w.rows + BLOCK_M - 1) / BLOCK_M;
-    /* Flattened grid, rows fastest then heads: CTAs that share K/V run together. */
-    int64_t id = blockIdx.x;
+    const int sub = (int)(unit % p.stream_splits);
+    /* Flattened pieces, rows fastest then heads: pieces that share K/V run together. */
+    int64_t id = unit / p.stream_splits;
     /* Causal: the last query blocks see the most keys; start them first so the
      * short ones fill the tail of the grid instead of the long ones. */
     int64_t m_block = CAUSAL ? m_blocks - 1 - id % m_blocks : id % m_blocks;
@@ -173,8 +190,13 @@ __device__ __forceinline__ cta_work make_work(const fmha_fwd_params &p)
     id /= slots;
     w.split = (int)(id % p.num_splits);
     w.b = id / p.num_splits;
+    w.active = w.b < p.batch;
+    if (!w.active) {
+        w.b = 0;
+        w.rows = 0;
+    }
     w.row0 = m_block * BLOCK_M;
-    w.len_k = p.seqlens_k ? (int64_t)p.seqlens_k[w.b] + p.seqlen_new : p.seqlen_k;
+    w.len_k = !w.active ? 0 : p.seqlens_k ? (int64_t)p.seqlens_k[w.b] + p.seqlen_new : p.seqlen_k;
 
     int64_t n_blocks = (w.len_k + BLOCK_N - 1) / BLOCK_N;
     int64_t per_split = p.split_blocks > 0 ? p.split_blocks
@@ -190,6 +212,9 @@ __device__ __forceinline__ cta_work make_work(const fmha_fwd_params &p)
     }
     w.n_begin = (int)begin;
     w.n_end = (int)(end > begin ? end : begin);
+    w.n_first = w.n_begin + sub;
+    w.n_step = p.stream_splits;
+    w.n_count = w.n_end > w.n_first ? (w.n_end - w.n_first + w.n_step - 1) / w.n_step : 0;
     return w;
 }
 
@@ -329,7 +354,7 @@ template <typename T, typename cfg, bool WGMMA> struct tile_math;
 
 template <typename T, typename cfg> struct tile_math<T, cfg, false> {
     static constexpr int HEAD_DIM = cfg::head_dim, BLOCK_N = cfg::block_n;
-    static constexpr int WARP_M = cfg::block_m / cfg::warps, MT = WARP_M / MMA_M;
+    static constexpr int WARP_M = cfg::block_m / cfg::stream_warps, MT = WARP_M / MMA_M;
     static constexpr int NT = BLOCK_N / MMA_N, DT = HEAD_DIM / MMA_N;
     using q_tile = smem_tile<cfg::block_m, HEAD_DIM>;
     using kv_tile = smem_tile<BLOCK_N, HEAD_DIM>;
@@ -480,9 +505,36 @@ template <typename T, typename cfg> struct tile_math<T, cfg, true> {
 /* Whether this build target and tile config run the wgmma engine. */
 template <typename cfg> __host__ __device__ constexpr bool use_wgmma()
 {
-    return FMHA_HAS_WGMMA && cfg::warps % 4 == 0 && cfg::block_m == MMA_M * cfg::warps &&
+    return FMHA_HAS_WGMMA && cfg::stream_warps % 4 == 0 && cfg::block_m == MMA_M * cfg::stream_warps &&
            (cfg::head_dim == 64 || cfg::head_dim == 128) && (cfg::block_n == 64 || cfg::block_n == 128);
 }
+
+/* Shared memory of one stream: its Q tile and K/V ring (whole 1024-byte
+ * swizzle atoms, so every stream's tiles stay aligned). */
+template <typename cfg> constexpr int stream_smem_bytes()
+{
+    return smem_tile<cfg::block_m, cfg::head_dim>::BYTES +
+           2 * ring_stages(cfg::stages) * smem_tile<cfg::block_n, cfg::head_dim>::BYTES;
+}
+
+/*
+ * Where the streams of one split (stream_splits of them, consecutive in the
+ * CTA) meet: each parks, for its BLOCK_M rows, its LSE_i (log2 units) and its
+ * O_i / l_i in its own region, and the merged row is the combine's
+ *   lse = top + log2 sum_i 2^(LSE_i - top),  O = sum_i 2^(LSE_i - lse) O_i,  top = max_i LSE_i
+ * folded in stream order (deterministic; a stream that saw no key has
+ * LSE_i = -inf and weighs nothing; NaN stays NaN).
+ */
+template <int BLOCK_M, int HEAD_DIM> struct merge_area {
+    static constexpr int STRIDE = HEAD_DIM + 8; /* floats per O row: conflict-free fragment stores */
+    static constexpr int BYTES = (int)sizeof(float) * BLOCK_M * (1 + STRIDE);
+    float *lse, *o;
+    __device__ explicit merge_area(unsigned char *base)
+    {
+        lse = reinterpret_cast<float *>(base);
+        o = lse + BLOCK_M;
+    }
+};
 
 template <typename T, typename cfg, bool CAUSAL, bool SPLIT>
 __global__ void __launch_bounds__(cfg::warps * WARP_LANES, cfg::ctas_per_sm)
@@ -490,21 +542,26 @@ fwd_mma_kernel(const fmha_fwd_params p)
 {
     constexpr int HEAD_DIM = cfg::head_dim;
     constexpr int BLOCK_M = cfg::block_m, BLOCK_N = cfg::block_n, STAGES = ring_stages(cfg::stages);
-    constexpr int THREADS = cfg::warps * WARP_LANES;
-    constexpr int WARP_M = BLOCK_M / cfg::warps;
+    constexpr int THREADS = cfg::stream_warps * WARP_LANES; /* of one stream */
+    constexpr int WARP_M = BLOCK_M / cfg::stream_warps;
     constexpr int MT = WARP_M / MMA_M;   /* 16-row mma tiles per warp */
     constexpr int NT = BLOCK_N / MMA_N;  /* 8-key column tiles of S */
     constexpr int DT = HEAD_DIM / MMA_N; /* 8-feature column tiles of O */
+    constexpr int STREAM_BYTES = stream_smem_bytes<cfg>();
     using q_tile = smem_tile<BLOCK_M, HEAD_DIM>;
     using kv_tile = smem_tile<BLOCK_N, HEAD_DIM>;
+    static_assert(cfg::streams == 1 || STREAM_BYTES % 1024 == 0, "streams' tiles stay 1024-aligned");
+    static_assert(merge_area<BLOCK_M, HEAD_DIM>::BYTES <= STREAM_BYTES, "the merge fits a stream's ring");
 
     extern __shared__ __align__(1024) unsigned char smem_raw[];
-    T *s_q = reinterpret_cast<T *>(smem_raw);
+    const int stream = (int)threadIdx.x / THREADS, tid = (int)threadIdx.x % THREADS;
+    unsigned char *stream_smem = smem_raw + stream * STREAM_BYTES;
+    T *s_q = reinterpret_cast<T *>(stream_smem);
     T *s_k = s_q + q_tile::ELEMS;
     T *s_v = s_k + STAGES * kv_tile::ELEMS;
 
-    const cta_work w = make_work<BLOCK_M, BLOCK_N, CAUSAL>(p);
-    const int lane = threadIdx.x % WARP_LANES, warp = threadIdx.x / WARP_LANES;
+    const cta_work w = make_work<BLOCK_M, BLOCK_N, CAUSAL>(p, (int64_t)blockIdx.x * cfg::streams + stream);
+    const int lane = tid % WARP_LANES, warp = tid / WARP_LANES;
     const T *q = static_cast<const T *>(p.q);
     const T *k = static_cast<const T *>(p.k) + w.b * p.k_batch_stride + w.kv_head() * p.k_head_stride;
     const T *v = static_cast<const T *>(p.v) + w.b * p.v_batch_stride + w.kv_head() * p.v_head_stride;
@@ -519,17 +576,17 @@ fwd_mma_kernel(const fmha_fwd_params p)
     auto load_kv = [&](int n_block, int stage) {
         const int64_t key0 = (int64_t)n_block * BLOCK_N;
         load_rows<BLOCK_N, HEAD_DIM, THREADS>(s_k + stage * kv_tile::ELEMS, k + key0 * p.k_row_stride,
-                                              p.k_row_stride, w.len_k - key0);
+                                              p.k_row_stride, w.len_k - key0, tid);
         load_rows<BLOCK_N, HEAD_DIM, THREADS>(s_v + stage * kv_tile::ELEMS, v + key0 * p.v_row_stride,
-                                              p.v_row_stride, w.len_k - key0);
+                                              p.v_row_stride, w.len_k - key0, tid);
     };
 
     /* Prologue: Q with the first K/V block, then the next stages, one commit group each. */
-    load_tile<BLOCK_M, HEAD_DIM, THREADS>(s_q, q, q_row);
+    load_tile<BLOCK_M, HEAD_DIM, THREADS>(s_q, q, q_row, tid);
 #pragma unroll
     for (int s = 0; s < STAGES; s++) {
-        if (w.n_begin + s < w.n_end)
-            load_kv(w.n_begin + s, s);
+        if (s < w.n_count)
+            load_kv(w.block(s), s);
         copy_async_commit();
     }
 
@@ -570,106 +627,162 @@ fwd_mma_kernel(const fmha_fwd_params p)
         softmax_block<CAUSAL>(s, st, rescale, p.scale_log2, (int64_t)n * BLOCK_N, mask_free_end, w.len_k,
                               key_limit, lane);
     };
-    /* Block n's K and V have landed and every warp (and wgmma) may read them:
+    /* The stream's barrier: its warps share the ring (a warp's own when it is one warp). */
+    auto stream_sync = [] {
+        if constexpr (cfg::stream_warps == 1)
+            warp_sync();
+        else
+            __syncthreads();
+    };
+    /* Block j's K and V have landed and every warp (and wgmma) may read them:
      * at most `pending` later copy groups still in flight. */
     auto await_stage = [&](auto pending) {
         copy_async_wait<decltype(pending)::value>();
         if (WGMMA)
             fence_proxy_async(); /* cp.async wrote what the async proxy reads next */
-        __syncthreads();
+        stream_sync();
     };
-    /* Everyone is done with block n's stage: refill it with the block STAGES ahead. */
-    auto refill = [&](int n, int stage) {
-        __syncthreads();
-        if (n + STAGES < w.n_end)
-            load_kv(n + STAGES, stage);
+    /* Everyone is done with block j's stage: refill it with the block STAGES ahead. */
+    auto refill = [&](int j, int stage) {
+        stream_sync();
+        if (j + STAGES < w.n_count)
+            load_kv(w.block(j + STAGES), stage);
         copy_async_commit();
     };
 
     if constexpr (WGMMA && STAGES >= 3) {
         /*
-         * wgmma is asynchronous: issue S(n+1) = Q K(n+1)^T and O += P(n) V(n)
-         * back to back, run the softmax of block n+1 while P(n) V(n) is still
-         * on the tensor cores, then rescale O once it is done.  S(n+1) needs
-         * block n+1 one iteration early, hence at least three stages.
+         * wgmma is asynchronous: issue S(j+1) = Q K(j+1)^T and O += P(j) V(j)
+         * back to back, run the softmax of block j+1 while P(j) V(j) is still
+         * on the tensor cores, then rescale O once it is done.  S(j+1) needs
+         * block j+1 one iteration early, hence at least three stages.
          */
-        if (w.n_begin < w.n_end) {
+        if (w.n_count > 0) {
             float s[MT][NT][4];
             uint32_t pa[BLOCK_N / MMA_K][4];
             await_stage(std::integral_constant<int, STAGES - 1>());
             math.scores(s, 0);
-            softmax(s, w.n_begin); /* O is still zero: no rescale */
+            softmax(s, w.block(0)); /* O is still zero: no rescale */
             math.p_operands(pa, s);
             /* Every block but the last: the wgmma groups are the same each time
              * (no group under a condition), so ptxas can track what wait<1> retires. */
-            for (int n = w.n_begin; n + 1 < w.n_end; n++) {
-                const int stage = (n - w.n_begin) % STAGES;
+            for (int j = 0; j + 1 < w.n_count; j++) {
+                const int stage = j % STAGES;
                 await_stage(std::integral_constant<int, STAGES - 2>());
-                math.scores_async(s, (stage + 1) % STAGES); /* S(n+1) */
-                math.accumulate_async(o, pa, stage);       /* O += P(n) V(n) */
+                math.scores_async(s, (stage + 1) % STAGES); /* S(j+1) */
+                math.accumulate_async(o, pa, stage);       /* O += P(j) V(j) */
                 math.template wait<1>(s);
-                softmax(s, n + 1); /* while P(n) V(n) runs */
+                softmax(s, w.block(j + 1)); /* while P(j) V(j) runs */
                 math.template wait<0>(o);
                 rescale_rows(o, rescale);
                 math.p_operands(pa, s);
-                refill(n, stage);
+                refill(j, stage);
             }
-            math.accumulate_async(o, pa, (w.n_end - 1 - w.n_begin) % STAGES);
+            math.accumulate_async(o, pa, (w.n_count - 1) % STAGES);
             math.template wait<0>(o);
         }
     } else {
-        for (int n = w.n_begin; n < w.n_end; n++) {
-            const int stage = (n - w.n_begin) % STAGES;
+        for (int j = 0; j < w.n_count; j++) {
+            const int stage = j % STAGES;
             await_stage(std::integral_constant<int, STAGES - 1>());
             float s[MT][NT][4];
-            math.scores(s, stage); /* S = Q K^T */
-            softmax(s, n);         /* S -> P, running max and sum */
+            math.scores(s, stage);  /* S = Q K^T */
+            softmax(s, w.block(j)); /* S -> P, running max and sum */
             rescale_rows(o, rescale);
             math.accumulate(o, s, stage); /* O += P V */
-            refill(n, stage);
+            refill(j, stage);
         }
     }
     copy_async_wait<0>();
+    /* The combine may be scheduled now (programmatic launch); it still waits for this grid. */
+    fmha_trigger_dependents();
 
-    /* Epilogue: O / l and the natural-log LSE; rows that saw no key give 0 and -inf. */
+    /* ACC_COLS features of result row (query i, head h) from column col, times inv: to the
+     * output, or to the split scratch; the LSE too when asked. */
+    auto store_result = [&](int64_t i, int64_t h, int col, const float *x, float inv, bool with_lse,
+                            float lse) {
+        if (SPLIT) {
+            const int64_t prow = ((int64_t)w.split * p.batch + w.b) * p.seqlen_q + i;
+            store_row(p.o_accum + (prow * p.heads_q + h) * HEAD_DIM, col, x, inv);
+            if (with_lse)
+                p.lse_accum[(((int64_t)w.split * p.batch + w.b) * p.heads_q + h) * p.seqlen_q + i] = lse;
+        } else {
+            store_row(static_cast<T *>(p.out) + w.b * p.o_batch_stride + i * p.o_row_stride +
+                          h * p.o_head_stride, col, x, inv);
+            if (with_lse && p.lse)
+                p.lse[w.b * p.lse_batch_stride + h * p.lse_head_stride + i * p.lse_row_stride] = lse;
+        }
+    };
+
+    /*
+     * Epilogue: O / l and the LSE (log2 units here); rows that saw no key give
+     * 0 and -inf.  Alone, a stream writes them out; streams sharing a split
+     * park them in shared memory and merge them below.
+     */
+    const bool merge = cfg::streams > 1 && p.stream_splits > 1;
+    const merge_area<BLOCK_M, HEAD_DIM> mine(stream_smem);
+    if (merge)
+        __syncthreads(); /* every stream is done with its ring, which the merge area reuses */
 #pragma unroll
     for (int mt = 0; mt < MT; mt++)
 #pragma unroll
         for (int half = 0; half < ACC_ROWS; half++) {
-            const int64_t row = w.row0 + warp * WARP_M + mt * MMA_M + acc_row(lane) + half * ACC_ROW_STRIDE;
+            const int r = warp * WARP_M + mt * MMA_M + acc_row(lane) + half * ACC_ROW_STRIDE;
             const float l = quad_sum(st.row_sum[mt][half]);
+            const float inv = l == 0.f ? 0.f : 1.f / l;
+            const float lse = l == 0.f ? -INFINITY : st.row_max[mt][half] + log2f(l);
+            if (merge) {
+                if (acc_row_leader(lane))
+                    mine.lse[r] = lse;
+#pragma unroll
+                for (int dt = 0; dt < DT; dt++)
+#pragma unroll
+                    for (int c = 0; c < ACC_COLS; c++)
+                        mine.o[r * mine.STRIDE + dt * MMA_N + acc_col(lane) + c] = o[mt][dt][half * ACC_COLS + c] * inv;
+                continue;
+            }
+            const int64_t row = w.row0 + r;
             if (row >= w.rows)
                 continue;
-            const int64_t i = w.query_of(row), h = w.head_of(row);
-            const float inv = l == 0.f ? 0.f : 1.f / l;
-            const float lse = l == 0.f ? -INFINITY : (st.row_max[mt][half] + log2f(l)) * LN2;
-            const int col0 = acc_col(lane);
-            if (SPLIT) {
-                const int64_t prow = ((int64_t)w.split * p.batch + w.b) * p.seqlen_q + i;
-                float *dst = p.o_accum + (prow * p.heads_q + h) * HEAD_DIM + col0;
 #pragma unroll
-                for (int dt = 0; dt < DT; dt++)
-                    store_row(dst, dt * MMA_N, &o[mt][dt][half * ACC_COLS], inv);
-                if (acc_row_leader(lane))
-                    p.lse_accum[(((int64_t)w.split * p.batch + w.b) * p.heads_q + h) * p.seqlen_q + i] = lse;
-            } else {
-                T *dst = static_cast<T *>(p.out) + w.b * p.o_batch_stride + i * p.o_row_stride +
-                         h * p.o_head_stride + col0;
-#pragma unroll
-                for (int dt = 0; dt < DT; dt++)
-                    store_row(dst, dt * MMA_N, &o[mt][dt][half * ACC_COLS], inv);
-                if (p.lse && acc_row_leader(lane))
-                    p.lse[w.b * p.lse_batch_stride + h * p.lse_head_stride + i * p.lse_row_stride] = lse;
-            }
+            for (int dt = 0; dt < DT; dt++)
+                store_result(w.query_of(row), w.head_of(row), dt * MMA_N + acc_col(lane),
+                             &o[mt][dt][half * ACC_COLS], inv, dt == 0 && acc_row_leader(lane), lse * LN2);
         }
+    if (!merge)
+        return;
+
+    /* The streams [first, first + ws) of this split fold their rows in stream order (fold.h). */
+    __syncthreads();
+    const int ws = p.stream_splits, first = stream - stream % ws;
+    auto part = [&](int i) { return merge_area<BLOCK_M, HEAD_DIM>(smem_raw + (first + i) * STREAM_BYTES); };
+    constexpr int VEC = ACC_COLS, PER_ROW = HEAD_DIM / VEC;
+    for (int idx = (stream - first) * THREADS + tid; w.active && idx < BLOCK_M * PER_ROW; idx += ws * THREADS) {
+        const int r = idx / PER_ROW, col = idx % PER_ROW * VEC;
+        const int64_t row = w.row0 + r;
+        if (row >= w.rows)
+            break; /* rows ascend with idx */
+        float top = -INFINITY;
+        for (int i = 0; i < ws; i++)
+            top = nan_max(top, part(i).lse[r]);
+        float total = 0.f, acc[VEC];
+#pragma unroll
+        for (int c = 0; c < VEC; c++)
+            acc[c] = 0.f;
+        for (int i = 0; top != -INFINITY && i < ws; i++) {
+            const float f = exp2_fast(part(i).lse[r] - top);
+            total += f;
+#pragma unroll
+            for (int c = 0; c < VEC; c++)
+                acc[c] += weighted(f, part(i).o[r * mine.STRIDE + col + c]);
+        }
+        store_result(w.query_of(row), w.head_of(row), col, acc, top == -INFINITY ? 0.f : 1.f / total,
+                     col == 0, top == -INFINITY ? -INFINITY : (top + log2f(total)) * LN2);
+    }
 }
 
 /* Dynamic shared memory of one CTA of the kernel above. */
-template <typename cfg> constexpr int fwd_mma_smem_bytes()
-{
-    return smem_tile<cfg::block_m, cfg::head_dim>::BYTES +
-           2 * ring_stages(cfg::stages) * smem_tile<cfg::block_n, cfg::head_dim>::BYTES;
-}
+template <typename cfg> constexpr int fwd_mma_smem_bytes() { return cfg::streams * stream_smem_bytes<cfg>(); }
 
 }  // namespace fmha
 

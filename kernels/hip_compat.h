@@ -61,6 +61,8 @@ typedef cudaDeviceProp hipDeviceProp_t;
 #define hipGetDevice cudaGetDevice
 #define hipSetDevice cudaSetDevice
 #define hipGetDeviceProperties cudaGetDeviceProperties
+#define hipDeviceGetAttribute cudaDeviceGetAttribute
+#define hipDeviceAttributeComputeCapabilityMajor cudaDevAttrComputeCapabilityMajor
 typedef cudaMemPool_t hipMemPool_t;
 typedef cudaMemPoolProps hipMemPoolProps;
 #define hipMemPoolCreate cudaMemPoolCreate
@@ -83,6 +85,56 @@ typedef cudaMemcpyKind hipMemcpyKind;
 #define fmha_float2bf16 __float2bfloat16_rn
 #define fmha_bf162float __bfloat162float
 
+#endif
+
+/*
+ * Programmatic dependent launch (NVIDIA sm_90+).  A kernel launched with
+ * fmha_launch_overlapped may start while the kernel before it in the stream
+ * is still running; before it reads what that kernel wrote it calls
+ * fmha_wait_prior_grid(), which returns once the prior grid has finished and
+ * its writes are visible.  The prior kernel calls fmha_trigger_dependents()
+ * when its CTAs are past their main work, so the dependent's CTAs are placed
+ * while the last ones drain instead of after.  Elsewhere (AMD, older NVIDIA)
+ * these are a plain launch and no-ops.
+ */
+__device__ __forceinline__ void fmha_wait_prior_grid()
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void fmha_trigger_dependents()
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
+#if !(defined(__HIPCC__) || defined(FMHA_WITH_HIP))
+template <typename... Params, typename... Args>
+hipError_t fmha_launch_overlapped(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+                                  hipStream_t stream, Args... args)
+{
+    cudaLaunchAttribute attr[1] = {};
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t config = {};
+    config.gridDim = grid;
+    config.blockDim = block;
+    config.dynamicSmemBytes = smem;
+    config.stream = stream;
+    config.attrs = attr;
+    config.numAttrs = 1;
+    return cudaLaunchKernelEx(&config, kernel, args...);
+}
+#else
+template <typename... Params, typename... Args>
+hipError_t fmha_launch_overlapped(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+                                  hipStream_t stream, Args... args)
+{
+    kernel<<<grid, block, smem, stream>>>(args...);
+    return hipGetLastError();
+}
 #endif
 
 /* Lanes per warp (wavefront): 32 on NVIDIA and RDNA, 64 on CDNA. */

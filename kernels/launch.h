@@ -33,14 +33,19 @@ fmha_status check_launch(const char *kernel);
 
 /* One producer launcher per FMHA_GPU_MMA_CONFIGS row, defined in fwd_d<hd>.hip,
  * and the occupancy (resident CTAs per SM) of the tiles of a GPU kernel id. */
-#define FMHA_DECLARE_LAUNCHER(hd, bm, bn, w, st, ctas)                      \
+#define FMHA_DECLARE_LAUNCHER(hd, bm, bn, w, st, ctas, str)                     \
     fmha_status launch_fwd_mma_d##hd(const fmha_fwd_params &p);      \
     int occupancy_fwd_mma_d##hd(int kernel);
 FMHA_GPU_MMA_CONFIGS(FMHA_DECLARE_LAUNCHER)
 #undef FMHA_DECLARE_LAUNCHER
 
-/* combine.hip: merge split partials into out/lse. */
-fmha_status launch_combine(const fmha_combine_params &c);
+/* combine.hip: merge split partials into out/lse.  after_producer: the
+ * partials come from the kernel just enqueued, which calls
+ * fmha_trigger_dependents (then the launch may overlap its tail). */
+fmha_status launch_combine(const fmha_combine_params &c, bool after_producer);
+
+/* Whether `device` runs programmatic dependent launches (NVIDIA sm_90+). */
+bool overlap_supported(int device);
 
 }  // namespace fmha
 

@@ -78,7 +78,7 @@ copy_rows_kernel(int64_t rows, int64_t heads, int64_t head_dim, int64_t total,
 fmha_status launch_producer(const fmha_fwd_params &p)
 {
     switch (p.head_dim) {
-#define FMHA_CASE(hd, bm, bn, w, st, ctas) \
+#define FMHA_CASE(hd, bm, bn, w, st, ctas, str) \
     case hd: return launch_fwd_mma_d##hd(p);
         FMHA_GPU_MMA_CONFIGS(FMHA_CASE)
 #undef FMHA_CASE
@@ -133,7 +133,7 @@ extern "C" fmha_status fmha_rt_launch_fwd(const fmha_fwd_params *p)
     if (st == FMHA_OK)
         st = fmha::launch_producer(*p);
     if (st == FMHA_OK && p->num_splits > 1)
-        st = fmha::launch_combine(fmha::scratch_combine(*p));
+        st = fmha::launch_combine(fmha::scratch_combine(*p), true);
     return st;
 }
 
@@ -160,5 +160,5 @@ extern "C" fmha_status fmha_rt_launch_combine(const fmha_combine_params *c)
     fmha_status st = fmha::use_device(c->device);
     if (st == FMHA_OK)
         st = fmha::check_code_object(c->device);
-    return st == FMHA_OK ? fmha::launch_combine(*c) : st;
+    return st == FMHA_OK ? fmha::launch_combine(*c, false) : st;
 }

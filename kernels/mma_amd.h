@@ -89,6 +89,14 @@ template <int N> __device__ __forceinline__ void copy_async_wait() {}
 /* Only the wgmma engine needs a proxy fence. */
 __device__ __forceinline__ void fence_proxy_async() {}
 
+/* Barrier of one wave: its lanes' LDS writes are visible to all its lanes. */
+__device__ __forceinline__ void warp_sync()
+{
+    __builtin_amdgcn_fence(__ATOMIC_RELEASE, "wavefront");
+    __builtin_amdgcn_wave_barrier();
+    __builtin_amdgcn_fence(__ATOMIC_ACQUIRE, "wavefront");
+}
+
 /* With synchronous copies a deeper K/V ring overlaps nothing and costs LDS (64 KB). */
 constexpr int ring_stages(int) { return 1; }
 
@@ -154,7 +162,7 @@ template <typename T> __device__ __forceinline__ void store_row(T *dst, int col,
  */
 template <typename T, typename cfg, typename QTile, typename KVTile> struct mfma_tile_math {
     static constexpr int HEAD_DIM = cfg::head_dim, BLOCK_N = cfg::block_n;
-    static constexpr int WARP_M = cfg::block_m / cfg::warps, MT = WARP_M / MMA_M;
+    static constexpr int WARP_M = cfg::block_m / cfg::stream_warps, MT = WARP_M / MMA_M;
     static constexpr int NT = BLOCK_N / MMA_N, DT = HEAD_DIM / MMA_N;
     static constexpr int ELEMS_PER_CHUNK = 8; /* 16-byte chunks of the smem tiles */
     static constexpr int PANEL_CHUNKS = KVTile::PANEL_CHUNKS;

@@ -44,6 +44,9 @@ __device__ __forceinline__ int acc_col(int lane) { return (lane % LANES_PER_ROW)
 /* The lane that writes a row's single values (the LSE). */
 __device__ __forceinline__ bool acc_row_leader(int lane) { return lane % LANES_PER_ROW == 0; }
 
+/* Barrier of one warp: its lanes' shared-memory writes are visible to all its lanes. */
+__device__ __forceinline__ void warp_sync() { __syncwarp(); }
+
 /* K/V shared-memory ring depth: the configured stages (cp.async overlaps them). */
 constexpr int ring_stages(int stages) { return stages; }
 

@@ -58,6 +58,29 @@ fmha_status use_device(int device)
 }
 
 #if FMHA_DEVICE_IS_AMD
+bool overlap_supported(int) { return false; }
+#else
+bool overlap_supported(int device)
+{
+    /* Per device: 0 not asked yet, 1 compute capability 9.0 or newer, -1 older or unknown. */
+    static std::atomic<signed char> known[MAX_DEVICES];
+    if (device < 0 || device >= MAX_DEVICES)
+        return false;
+    signed char k = known[device].load(std::memory_order_relaxed);
+    if (k == 0) {
+        int major = 0;
+        if (hipDeviceGetAttribute(&major, hipDeviceAttributeComputeCapabilityMajor, device) != hipSuccess) {
+            (void)hipGetLastError();
+            major = 0;
+        }
+        k = major >= 9 ? 1 : -1;
+        known[device].store(k, std::memory_order_relaxed);
+    }
+    return k > 0;
+}
+#endif
+
+#if FMHA_DEVICE_IS_AMD
 #ifndef FMHA_HIP_ARCHS_BUILT
 #error "the build passes FMHA_HIP_ARCHS_BUILT, the ';' list of --offload-arch targets"
 #endif
@@ -140,7 +163,7 @@ fmha_status fmha_rt_query_device(int ordinal, fmha_device_info *info)
     if (st != FMHA_OK)
         return st;
     int row = 0;
-#define FMHA_OCCUPANCY(hd, bm, bn, w, s, ctas)                                         \
+#define FMHA_OCCUPANCY(hd, bm, bn, w, s, ctas, str)                                        \
     for (int kernel = 1; row < FMHA_GPU_MAX_CONFIGS && kernel <= FMHA_GPU_KERNELS; kernel++) \
         info->ctas_per_sm[kernel - 1][row] = fmha::occupancy_fwd_mma_d##hd(kernel);          \
     row++;
