@@ -56,6 +56,10 @@
 #define FMHA_GPU_DECODE_STREAMS 4
 #endif
 
+/* Decode CTAs sharing one split through a thread-block cluster (sm_90): up to
+ * 2^this (16 is beyond the portable 8; the runtime asks the device). */
+#define FMHA_GPU_MAX_CLUSTER_LOG2 4
+
 /* Packed rows per kv head up to which the planner picks the decode tiles. */
 #define FMHA_GPU_DECODE_MAX_ROWS 16
 
@@ -64,9 +68,10 @@
 #define FMHA_CPU_BLOCK_N 64
 #define FMHA_CPU_MAX_HEAD_DIM 256
 
-/* 1: the split-K combine is launched to overlap the producer's tail
- * (programmatic dependent launch, NVIDIA sm_90+); 0: a plain launch. */
-#define FMHA_GPU_OVERLAP_COMBINE 1
+/* 1: the producer and the split-K combine are launched to overlap the tail
+ * of the kernel before them (programmatic dependent launch, NVIDIA sm_90+;
+ * each waits for that kernel before it touches memory); 0: plain launches. */
+#define FMHA_GPU_OVERLAP_LAUNCH 1
 
 /* Splits: upper bound on any forced split count. */
 #define FMHA_MAX_SPLITS 256

@@ -1007,6 +1007,7 @@ static int fwd_prepare(fmha_module_state *st, fmha_fwd_call *c)
         c->plan.supported = 1;
         c->plan.num_splits = 1;
         c->plan.stream_splits = 1;
+        c->plan.cluster_ctas = 1;
         snprintf(c->plan.kernel, sizeof c->plan.kernel, "none");
         snprintf(c->plan.reason, sizeof c->plan.reason,
                  "empty problem (batch or seqlen_q is 0): nothing runs");
@@ -1116,6 +1117,7 @@ static PyObject *fwd_explain_dict(const fmha_module_state *st, const fmha_fwd_ca
         dict_put(d, KEY(NUM_SPLITS), PyLong_FromLong(plan->num_splits)) < 0 ||
         dict_put(d, KEY(REQUESTED_SPLITS), PyLong_FromLong(c->num_splits)) < 0 ||
         dict_put(d, KEY(STREAM_SPLITS), PyLong_FromLong(plan->stream_splits)) < 0 ||
+        dict_put(d, KEY(CLUSTER_CTAS), PyLong_FromLong(plan->cluster_ctas)) < 0 ||
         dict_put(d, KEY(BLOCK_M), PyLong_FromLong(plan->block_m)) < 0 ||
         dict_put(d, KEY(BLOCK_N), PyLong_FromLong(plan->block_n)) < 0 ||
         dict_put(d, KEY(PACK_GQA), PyBool_FromLong(plan->pack_gqa)) < 0 ||

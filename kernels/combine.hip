@@ -194,8 +194,8 @@ template <typename TIn, typename TOut> fmha_status launch_typed(const fmha_combi
     auto kernel = vec ? combine_kernel<TIn, TOut, 4> : combine_kernel<TIn, TOut, 1>;
     const dim3 grid((unsigned)ctas), block(COMBINE_THREADS);
     if (overlapped) {
-        const hipError_t err = fmha_launch_overlapped(kernel, grid, block, shape.smem_bytes(),
-                                                      (hipStream_t)c.stream, c, shape);
+        const hipError_t err = fmha_launch_ex(kernel, grid, block, shape.smem_bytes(), (hipStream_t)c.stream,
+                                              1, true, c, shape);
         return err == hipSuccess ? FMHA_OK : record_error("combine_kernel (overlapped launch)", err);
     }
     kernel<<<grid, block, shape.smem_bytes(), (hipStream_t)c.stream>>>(c, shape);
@@ -216,7 +216,7 @@ template <typename TIn> fmha_status launch_out(const fmha_combine_params &c, boo
 
 fmha_status launch_combine(const fmha_combine_params &c, bool after_producer)
 {
-    const bool overlapped = FMHA_GPU_OVERLAP_COMBINE && after_producer && overlap_supported(c.device);
+    const bool overlapped = FMHA_GPU_OVERLAP_LAUNCH && after_producer && overlap_supported(c.device);
     switch (c.in_dtype) {
     case FMHA_DTYPE_F16: return launch_out<fmha_half>(c, overlapped);
     case FMHA_DTYPE_BF16: return launch_out<fmha_bf16>(c, overlapped);
