@@ -166,7 +166,7 @@ typedef struct fmha_device_info {
     int ctas_per_sm[FMHA_GPU_KERNELS][FMHA_GPU_MAX_CONFIGS];
     /* Decode tiles, indexed like ctas_per_sm by the head_dim's table row: clusters of
      * 2^i CTAs that can be resident at once, i = 1 .. FMHA_GPU_MAX_CLUSTER_LOG2
-     * (0 = clusters of that size cannot run). */
+     * (0 = clusters of that size cannot run, -1 = the runtime could not say). */
     int decode_clusters[FMHA_GPU_MAX_CONFIGS][FMHA_GPU_MAX_CLUSTER_LOG2 + 1];
 } fmha_device_info;
 

@@ -1510,14 +1510,37 @@ fail:
 /* info                                                                      */
 /* ------------------------------------------------------------------------ */
 
+/* {head_dim: {cluster CTAs: clusters resident at once}} of the decode tiles (the planner's input). */
+static PyObject *decode_clusters_dict(const fmha_device_info *info)
+{
+    PyObject *all = PyDict_New();
+    int row = 0;
+#define FMHA_ROW(hd, bm, bn, w, st, ctas, str)                                                   \
+    if (all && row < FMHA_GPU_MAX_CONFIGS) {                                                     \
+        PyObject *sizes = Py_BuildValue("{i:i,i:i,i:i,i:i}", 2, info->decode_clusters[row][1], 4,  \
+                                        info->decode_clusters[row][2], 8, info->decode_clusters[row][3], \
+                                        16, info->decode_clusters[row][4]);                      \
+        PyObject *key = PyLong_FromLong(hd);                                                     \
+        if (!sizes || !key || PyDict_SetItem(all, key, sizes) < 0)                               \
+            Py_CLEAR(all);                                                                       \
+        Py_XDECREF(sizes);                                                                       \
+        Py_XDECREF(key);                                                                         \
+    }                                                                                            \
+    row++;
+    FMHA_GPU_MMA_CONFIGS(FMHA_ROW)
+#undef FMHA_ROW
+    return all;
+}
+
 static PyObject *device_dict(const fmha_device_info *info)
 {
-    return Py_BuildValue("{s:i,s:s,s:s,s:s,s:i,s:i,s:i,s:i,s:L,s:i,s:i}", "ordinal", info->ordinal,
+    return Py_BuildValue("{s:i,s:s,s:s,s:s,s:i,s:i,s:i,s:i,s:L,s:i,s:i,s:N}", "ordinal", info->ordinal,
                          "name", info->name, "arch", info->arch, "platform",
                          info->is_amd ? "hip" : "cuda", "cc_major", info->cc_major, "cc_minor",
                          info->cc_minor, "sm_count", info->sm_count, "warp_size",
                          info->warp_size, "l2_bytes", (long long)info->l2_bytes,
-                         "max_smem_per_block", info->max_smem_per_block, "max_smem_per_sm", info->max_smem_per_sm);
+                         "max_smem_per_block", info->max_smem_per_block, "max_smem_per_sm", info->max_smem_per_sm,
+                         "decode_clusters", decode_clusters_dict(info));
 }
 
 static PyObject *fmha_info(PyObject *module, PyObject *unused)

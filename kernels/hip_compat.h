@@ -116,7 +116,7 @@ __device__ __forceinline__ void fmha_trigger_dependents()
  * and `overlap` (programmatic dependent launch, above).  Elsewhere a plain
  * launch (the planner asks for clusters only on sm_90).
  * fmha_max_active_clusters: how many clusters of `cluster` CTAs of `kernel`
- * can be resident at once (0: none can be launched).
+ * can be resident at once (0: none can be launched; -1: the query failed).
  */
 #if !(defined(__HIPCC__) || defined(FMHA_WITH_HIP))
 template <typename... Params, typename... Args>
@@ -170,7 +170,7 @@ template <typename Kernel> int fmha_max_active_clusters(Kernel kernel, int threa
     int n = 0;
     if (cudaOccupancyMaxActiveClusters(&n, kernel, &config) != cudaSuccess) {
         (void)cudaGetLastError();
-        return 0;
+        return -1;
     }
     return n;
 }
