@@ -104,11 +104,7 @@ typedef struct fmha_fwd_params {
                                divided by num_splits */
     int stream_splits;      /* GPU: streams (fmha_config.h) that share one split's key blocks,
                                block j of the split going to stream j % stream_splits, and
-                               merge in shared memory; 1, 2 or 4 per CTA, times cluster_ctas
-                               (CPU: 1) */
-    int cluster_ctas;       /* GPU: CTAs of one thread-block cluster that share one split, all
-                               their streams merging through distributed shared memory (sm_90);
-                               1 = no cluster */
+                               merge in shared memory; 1, 2 or 4 (CPU: 1) */
 
     /* ---- split scratch (backend-owned, used when num_splits >= 2) ----
      * o_accum   [num_splits, batch, seqlen_q, heads_q, head_dim] fp32, contiguous
@@ -164,10 +160,6 @@ typedef struct fmha_device_info {
     /* Resident CTAs per SM of the compiled producer, [kernel id - 1] (prefill,
      * decode tiles), indexed by the row of the tile table (0 = unknown). */
     int ctas_per_sm[FMHA_GPU_KERNELS][FMHA_GPU_MAX_CONFIGS];
-    /* Decode tiles, indexed like ctas_per_sm by the head_dim's table row: clusters of
-     * 2^i CTAs that can be resident at once, i = 1 .. FMHA_GPU_MAX_CLUSTER_LOG2
-     * (0 = clusters of that size cannot run, -1 = the runtime could not say). */
-    int decode_clusters[FMHA_GPU_MAX_CONFIGS][FMHA_GPU_MAX_CLUSTER_LOG2 + 1];
 } fmha_device_info;
 
 /* One requirement of a backend's capability gate. */
@@ -185,14 +177,13 @@ typedef struct fmha_gate_item {
 typedef struct fmha_plan {
     fmha_backend backend;
     int supported;          /* every gate item met */
-    char kernel[96];        /* human-readable kernel name */
+    char kernel[64];        /* human-readable kernel name */
     int kernel_id;
     int num_splits;         /* effective split count */
     int block_m, block_n;
     int pack_gqa;
     int split_blocks;       /* see fmha_fwd_params.split_blocks */
     int stream_splits;      /* see fmha_fwd_params.stream_splits */
-    int cluster_ctas;       /* see fmha_fwd_params.cluster_ctas */
     int n_gate;
     fmha_gate_item gate[FMHA_GATE_MAX];
     char reason[400];       /* why this kernel and split count (or why unsupported) */

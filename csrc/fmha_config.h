@@ -56,10 +56,6 @@
 #define FMHA_GPU_DECODE_STREAMS 4
 #endif
 
-/* Decode CTAs sharing one split through a thread-block cluster (sm_90): up to
- * 2^this (16 is beyond the portable 8; the runtime asks the device). */
-#define FMHA_GPU_MAX_CLUSTER_LOG2 4
-
 /* Packed rows per kv head up to which the planner picks the decode tiles. */
 #define FMHA_GPU_DECODE_MAX_ROWS 16
 

@@ -1007,7 +1007,6 @@ static int fwd_prepare(fmha_module_state *st, fmha_fwd_call *c)
         c->plan.supported = 1;
         c->plan.num_splits = 1;
         c->plan.stream_splits = 1;
-        c->plan.cluster_ctas = 1;
         snprintf(c->plan.kernel, sizeof c->plan.kernel, "none");
         snprintf(c->plan.reason, sizeof c->plan.reason,
                  "empty problem (batch or seqlen_q is 0): nothing runs");
@@ -1117,7 +1116,6 @@ static PyObject *fwd_explain_dict(const fmha_module_state *st, const fmha_fwd_ca
         dict_put(d, KEY(NUM_SPLITS), PyLong_FromLong(plan->num_splits)) < 0 ||
         dict_put(d, KEY(REQUESTED_SPLITS), PyLong_FromLong(c->num_splits)) < 0 ||
         dict_put(d, KEY(STREAM_SPLITS), PyLong_FromLong(plan->stream_splits)) < 0 ||
-        dict_put(d, KEY(CLUSTER_CTAS), PyLong_FromLong(plan->cluster_ctas)) < 0 ||
         dict_put(d, KEY(BLOCK_M), PyLong_FromLong(plan->block_m)) < 0 ||
         dict_put(d, KEY(BLOCK_N), PyLong_FromLong(plan->block_n)) < 0 ||
         dict_put(d, KEY(PACK_GQA), PyBool_FromLong(plan->pack_gqa)) < 0 ||
@@ -1510,37 +1508,14 @@ fail:
 /* info                                                                      */
 /* ------------------------------------------------------------------------ */
 
-/* {head_dim: {cluster CTAs: clusters resident at once}} of the decode tiles (the planner's input). */
-static PyObject *decode_clusters_dict(const fmha_device_info *info)
-{
-    PyObject *all = PyDict_New();
-    int row = 0;
-#define FMHA_ROW(hd, bm, bn, w, st, ctas, str)                                                   \
-    if (all && row < FMHA_GPU_MAX_CONFIGS) {                                                     \
-        PyObject *sizes = Py_BuildValue("{i:i,i:i,i:i,i:i}", 2, info->decode_clusters[row][1], 4,  \
-                                        info->decode_clusters[row][2], 8, info->decode_clusters[row][3], \
-                                        16, info->decode_clusters[row][4]);                      \
-        PyObject *key = PyLong_FromLong(hd);                                                     \
-        if (!sizes || !key || PyDict_SetItem(all, key, sizes) < 0)                               \
-            Py_CLEAR(all);                                                                       \
-        Py_XDECREF(sizes);                                                                       \
-        Py_XDECREF(key);                                                                         \
-    }                                                                                            \
-    row++;
-    FMHA_GPU_MMA_CONFIGS(FMHA_ROW)
-#undef FMHA_ROW
-    return all;
-}
-
 static PyObject *device_dict(const fmha_device_info *info)
 {
-    return Py_BuildValue("{s:i,s:s,s:s,s:s,s:i,s:i,s:i,s:i,s:L,s:i,s:i,s:N}", "ordinal", info->ordinal,
+    return Py_BuildValue("{s:i,s:s,s:s,s:s,s:i,s:i,s:i,s:i,s:L,s:i,s:i}", "ordinal", info->ordinal,
                          "name", info->name, "arch", info->arch, "platform",
                          info->is_amd ? "hip" : "cuda", "cc_major", info->cc_major, "cc_minor",
                          info->cc_minor, "sm_count", info->sm_count, "warp_size",
                          info->warp_size, "l2_bytes", (long long)info->l2_bytes,
-                         "max_smem_per_block", info->max_smem_per_block, "max_smem_per_sm", info->max_smem_per_sm,
-                         "decode_clusters", decode_clusters_dict(info));
+                         "max_smem_per_block", info->max_smem_per_block, "max_smem_per_sm", info->max_smem_per_sm);
 }
 
 static PyObject *fmha_info(PyObject *module, PyObject *unused)

@@ -99,11 +99,9 @@ static double wave_efficiency(int64_t work, int64_t slots)
 }
 
 /*
- * Split count s for `tiles` equal tiles of `key_blocks` key blocks each, how
- * many of a CTA's `streams` streams share each split (*ws; 1 when the CTA has
- * one stream), and whether a thread-block cluster of *cluster CTAs (all their
- * streams) shares it instead; clusters[i] is how many clusters of 2^i CTAs
- * the device holds at once (NULL: none).  Time is modelled (model_streams) as
+ * Split count s for `tiles` equal tiles of `key_blocks` key blocks each, and
+ * how many of a CTA's `streams` streams share each split (*ws; 1 when the
+ * CTA has one stream).  Time is modelled (model_streams) as
  *
  *   waves(tiles * s * ws / streams) * (ceil(key_blocks / s / ws) + FMHA_SPLIT_OVERHEAD_BLOCKS
  *                                      + partial_cost if s > 1)
@@ -111,54 +109,40 @@ static double wave_efficiency(int64_t work, int64_t slots)
  * times the slow-down of CTAs that share an SM (each CTA pays a pipeline fill
  * and an epilogue worth a few key blocks, a split CTA also writes fp32
  * partials that the combine reads back, and the last wave of a ragged grid
- * leaves SMs idle); with clusters the waves are counted in clusters.  A split
- * plan must beat the best unsplit one by FMHA_SPLIT_MIN_GAIN (the model
- * leaves out the partials' traffic and the combine); among equals the
- * smallest cluster, then the most streams per split, then the fewest splits
- * win.  The constants were fit with benchmarks/sweep_splits.py.
+ * leaves SMs idle).  A split plan must beat the best unsplit one by
+ * FMHA_SPLIT_MIN_GAIN (the model leaves out the partials' traffic and the
+ * combine); among equals the most streams per split and then the fewest
+ * splits win.  The constants were fit with benchmarks/sweep_splits.py.
  */
-static int choose_splits(int64_t tiles, const machine *m, int streams, const int *clusters,
-                         int64_t key_blocks, int64_t partial_cost, int *ws_out, int *cluster_out,
-                         char *why, size_t why_len)
+static int choose_splits(int64_t tiles, const machine *m, int streams, int64_t key_blocks,
+                         int64_t partial_cost, int *ws_out, char *why, size_t why_len)
 {
     int64_t limit = key_blocks / FMHA_MIN_BLOCKS_PER_SPLIT;
     limit = limit < FMHA_MAX_HEURISTIC_SPLITS ? limit : FMHA_MAX_HEURISTIC_SPLITS;
     limit = limit > 1 ? limit : 1;
 
-    int chosen = 1, chosen_ws = 1, chosen_c = 1;
+    int chosen = 1, chosen_ws = 1;
     double best_cost = DBL_MAX;
-    for (int log_c = 0; log_c <= (clusters && streams > 1 ? FMHA_GPU_MAX_CLUSTER_LOG2 : 0); log_c++) {
-        const int c = 1 << log_c;
-        if (c > 1 && clusters[log_c] <= 0)
-            continue;
-        for (int ws = c > 1 ? streams : streams; ws >= (c > 1 ? streams : 1); ws /= 2)
-            for (int64_t s = 1; s <= limit; s++) {
-                const int64_t per_split = ceil_div(key_blocks, s), extra = s > 1 ? partial_cost : 0;
-                if (c * ws > 1 && per_split < c * ws)
-                    break; /* a stream with no block */
-                double cost = c > 1 ? (double)ceil_div(tiles * s, clusters[log_c]) *
-                                          (double)(ceil_div(per_split, c * ws) + extra + FMHA_SPLIT_OVERHEAD_BLOCKS)
-                                    : model_streams(m, tiles * s, per_split, extra, ws, streams);
-                if (s > 1)
-                    cost /= FMHA_SPLIT_MIN_GAIN;
-                if (cost < best_cost) {
-                    best_cost = cost;
-                    chosen = (int)s;
-                    chosen_ws = ws;
-                    chosen_c = c;
-                }
+    for (int ws = streams; ws >= 1; ws /= 2)
+        for (int64_t s = 1; s <= limit; s++) {
+            if (ws > 1 && ceil_div(key_blocks, s) < ws)
+                break; /* a stream with no block */
+            double cost = model_streams(m, tiles * s, ceil_div(key_blocks, s), s > 1 ? partial_cost : 0,
+                                        ws, streams);
+            if (s > 1)
+                cost /= FMHA_SPLIT_MIN_GAIN;
+            if (cost < best_cost) {
+                best_cost = cost;
+                chosen = (int)s;
+                chosen_ws = ws;
             }
-    }
-    *ws_out = chosen_ws * chosen_c;
-    *cluster_out = chosen_c;
-    const int64_t slots = machine_slots(m), ctas = ceil_div(tiles * chosen * chosen_ws * chosen_c, streams);
-    char cluster_note[40] = "";
-    if (chosen_c > 1)
-        snprintf(cluster_note, sizeof cluster_note, " x %d CTAs of a cluster", chosen_c);
+        }
+    *ws_out = chosen_ws;
+    const int64_t slots = machine_slots(m), ctas = ceil_div(tiles * chosen * chosen_ws, streams);
     snprintf(why, why_len, "%lld tiles x %lld key blocks on %lld slots: %d split%s of ~%lld "
-             "key blocks, %d stream%s%s each, in %lld wave%s (machine %.0f%% busy)", (long long)tiles,
+             "key blocks, %d stream%s each, in %lld wave%s (machine %.0f%% busy)", (long long)tiles,
              (long long)key_blocks, (long long)slots, chosen, chosen > 1 ? "s" : "",
-             (long long)ceil_div(key_blocks, chosen), chosen_ws, chosen_ws > 1 ? "s" : "", cluster_note,
+             (long long)ceil_div(key_blocks, chosen), chosen_ws, chosen_ws > 1 ? "s" : "",
              (long long)ceil_div(ctas, slots), ceil_div(ctas, slots) > 1 ? "s" : "",
              100.0 * wave_efficiency(ctas, slots));
     return chosen;
@@ -178,18 +162,17 @@ static int64_t split_partial_cost(int block_m, int block_n)
  * row's result does not depend on the rest of the batch (DESIGN.md).
  */
 static int plan_splits(int requested, int64_t tiles, const machine *m, int streams,
-                       const int *clusters, int64_t key_blocks, int block_m, int block_n, int *ws,
-                       int *cluster, char *why, size_t why_len)
+                       int64_t key_blocks, int block_m, int block_n, int *ws, char *why,
+                       size_t why_len)
 {
     if (requested > 0) {
         snprintf(why, why_len, "num_splits=%d forced (clamped to %lld key blocks)", requested,
                  (long long)key_blocks);
         *ws = 1;
-        *cluster = 1;
         return requested > key_blocks ? (int)key_blocks : requested;
     }
-    return choose_splits(tiles, m, streams, clusters, key_blocks, split_partial_cost(block_m, block_n),
-                         ws, cluster, why, why_len);
+    return choose_splits(tiles, m, streams, key_blocks, split_partial_cost(block_m, block_n), ws,
+                         why, why_len);
 }
 
 static void plan_cpu(const fmha_fwd_params *p, const fmha_target *t, int requested,
@@ -213,9 +196,8 @@ static void plan_cpu(const fmha_fwd_params *p, const fmha_target *t, int request
     char why[224];
     int64_t tiles = p->batch * p->heads_kv * ceil_div(tile_rows(p, 1), plan->block_m);
     const machine cpu = {threads, 1, 0.0};
-    plan->num_splits = plan_splits(requested, tiles, &cpu, 1, NULL, key_blocks, plan->block_m,
-                                   plan->block_n, &plan->stream_splits, &plan->cluster_ctas, why,
-                                   sizeof why);
+    plan->num_splits = plan_splits(requested, tiles, &cpu, 1, key_blocks, plan->block_m,
+                                   plan->block_n, &plan->stream_splits, why, sizeof why);
     snprintf(plan->reason, sizeof plan->reason, "CPU: %dx%d tiles on %d threads; %s",
              plan->block_m, plan->block_n, threads, why);
 }
@@ -441,16 +423,13 @@ static void plan_gpu(const fmha_fwd_params *p, const fmha_target *t, int request
     if (requested == 0 && p->seqlens_k && p->total_keys > 0 && p->batch > 1)
         plan_ragged(p, n_tiles / p->batch, &gpu, key_blocks, &tiles, plan, why, sizeof why);
     else
-        plan->num_splits = plan_splits(requested, n_tiles, &gpu, tiles.streams,
-                                       kernel == FMHA_KERNEL_GPU_DECODE && !dev->is_amd
-                                           ? dev->decode_clusters[config_row] : NULL,
-                                       key_blocks, tiles.block_m, tiles.block_n, &plan->stream_splits,
-                                       &plan->cluster_ctas, why, sizeof why);
+        plan->num_splits = plan_splits(requested, n_tiles, &gpu, tiles.streams, key_blocks,
+                                       tiles.block_m, tiles.block_n, &plan->stream_splits, why,
+                                       sizeof why);
     snprintf(plan->kernel, sizeof plan->kernel, "fwd_%s<%s,d%lld%s%s>%s%s",
              kernel == FMHA_KERNEL_GPU_DECODE ? "decode" : "mma",
              dtype_name(p->dtype), (long long)p->head_dim, p->causal ? ",causal" : "",
-             plan->pack_gqa ? ",pack_gqa" : "",
-             plan->cluster_ctas > 1 ? "+cluster_merge" : plan->stream_splits > 1 ? "+merge" : "",
+             plan->pack_gqa ? ",pack_gqa" : "", plan->stream_splits > 1 ? "+merge" : "",
              plan->num_splits > 1 ? "+combine" : "");
     snprintf(plan->reason, sizeof plan->reason, "%s tensor-core tiles %dx%d%s; %s",
              kernel == FMHA_KERNEL_GPU_DECODE ? "decode (few rows per kv head)" : "prefill",
@@ -464,7 +443,6 @@ fmha_status fmha_plan_make(const fmha_fwd_params *p, const fmha_target *t, int r
     plan->supported = 1;
     plan->num_splits = 1;
     plan->stream_splits = 1;
-    plan->cluster_ctas = 1;
     if (t->backend == FMHA_BACKEND_CPU)
         plan_cpu(p, t, requested_splits, plan);
     else
@@ -476,7 +454,6 @@ void fmha_plan_apply(const fmha_plan *plan, fmha_fwd_params *p)
 {
     p->split_blocks = plan->split_blocks;
     p->stream_splits = plan->stream_splits > 0 ? plan->stream_splits : 1;
-    p->cluster_ctas = plan->cluster_ctas > 0 ? plan->cluster_ctas : 1;
     p->num_splits = plan->num_splits;
     p->block_m = plan->block_m;
     p->block_n = plan->block_n;

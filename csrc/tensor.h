@@ -74,7 +74,6 @@ typedef enum fmha_elem {
     X(NUM_SPLITS, "num_splits")                                                        \
     X(REQUESTED_SPLITS, "requested_splits")                                            \
     X(STREAM_SPLITS, "stream_splits")                                                  \
-    X(CLUSTER_CTAS, "cluster_ctas")                                                    \
     X(BLOCK_M, "block_m")                                                              \
     X(BLOCK_N, "block_n")                                                              \
     X(PACK_GQA, "pack_gqa")                                                            \

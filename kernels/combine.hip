@@ -194,8 +194,8 @@ template <typename TIn, typename TOut> fmha_status launch_typed(const fmha_combi
     auto kernel = vec ? combine_kernel<TIn, TOut, 4> : combine_kernel<TIn, TOut, 1>;
     const dim3 grid((unsigned)ctas), block(COMBINE_THREADS);
     if (overlapped) {
-        const hipError_t err = fmha_launch_ex(kernel, grid, block, shape.smem_bytes(), (hipStream_t)c.stream,
-                                              1, true, c, shape);
+        const hipError_t err = fmha_launch_overlapped(kernel, grid, block, shape.smem_bytes(),
+                                                      (hipStream_t)c.stream, c, shape);
         return err == hipSuccess ? FMHA_OK : record_error("combine_kernel (overlapped launch)", err);
     }
     kernel<<<grid, block, shape.smem_bytes(), (hipStream_t)c.stream>>>(c, shape);

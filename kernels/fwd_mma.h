@@ -558,13 +558,12 @@ fwd_mma_kernel(const fmha_fwd_params p)
 
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     const int stream = (int)threadIdx.x / THREADS, tid = (int)threadIdx.x % THREADS;
-    const int64_t unit = (int64_t)blockIdx.x * cfg::streams + stream;
     unsigned char *stream_smem = smem_raw + stream * STREAM_BYTES;
     T *s_q = reinterpret_cast<T *>(stream_smem);
     T *s_k = s_q + q_tile::ELEMS;
     T *s_v = s_k + STAGES * kv_tile::ELEMS;
 
-    const cta_work w = make_work<BLOCK_M, BLOCK_N, CAUSAL>(p, unit);
+    const cta_work w = make_work<BLOCK_M, BLOCK_N, CAUSAL>(p, (int64_t)blockIdx.x * cfg::streams + stream);
     const int lane = tid % WARP_LANES, warp = tid / WARP_LANES;
     const T *q = static_cast<const T *>(p.q);
     const T *k = static_cast<const T *>(p.k) + w.b * p.k_batch_stride + w.kv_head() * p.k_head_stride;
@@ -720,21 +719,13 @@ fwd_mma_kernel(const fmha_fwd_params p)
 
     /*
      * Epilogue: O / l and the LSE (log2 units here); rows that saw no key give
-     * 0 and -inf.  Alone, a stream writes them out; the ws streams sharing a
-     * split (of this CTA, or of all CTAs of its cluster) park them in shared
-     * memory and merge them below.
+     * 0 and -inf.  Alone, a stream writes them out; streams sharing a split
+     * park them in shared memory and merge them below.
      */
-    const int ws = p.stream_splits, member = (int)(unit % ws);
-    const bool merge = cfg::streams > 1 && ws > 1, cluster = p.cluster_ctas > 1;
-    auto group_sync = [&] {
-        if (cluster)
-            cluster_sync();
-        else
-            __syncthreads();
-    };
+    const bool merge = cfg::streams > 1 && p.stream_splits > 1;
     const merge_area<BLOCK_M, HEAD_DIM> mine(stream_smem);
     if (merge)
-        group_sync(); /* every stream is done with its ring, which the merge area reuses */
+        __syncthreads(); /* every stream is done with its ring, which the merge area reuses */
 #pragma unroll
     for (int mt = 0; mt < MT; mt++)
 #pragma unroll
@@ -764,16 +755,12 @@ fwd_mma_kernel(const fmha_fwd_params p)
     if (!merge)
         return;
 
-    /* The split's streams (units unit - member .. + ws - 1) fold their rows in unit order (fold.h). */
-    group_sync();
-    auto part = [&](int i) {
-        const int64_t u = unit - member + i;
-        unsigned char *base = smem_raw + (int)(u % cfg::streams) * STREAM_BYTES;
-        return merge_area<BLOCK_M, HEAD_DIM>(cluster ? cluster_map(base, (int)(u / cfg::streams % p.cluster_ctas))
-                                                     : base);
-    };
+    /* The streams [first, first + ws) of this split fold their rows in stream order (fold.h). */
+    __syncthreads();
+    const int ws = p.stream_splits, first = stream - stream % ws;
+    auto part = [&](int i) { return merge_area<BLOCK_M, HEAD_DIM>(smem_raw + (first + i) * STREAM_BYTES); };
     constexpr int VEC = ACC_COLS, PER_ROW = HEAD_DIM / VEC;
-    for (int idx = member * THREADS + tid; w.active && idx < BLOCK_M * PER_ROW; idx += ws * THREADS) {
+    for (int idx = (stream - first) * THREADS + tid; w.active && idx < BLOCK_M * PER_ROW; idx += ws * THREADS) {
         const int r = idx / PER_ROW, col = idx % PER_ROW * VEC;
         const int64_t row = w.row0 + r;
         if (row >= w.rows)
@@ -795,8 +782,6 @@ fwd_mma_kernel(const fmha_fwd_params p)
         store_result(w.query_of(row), w.head_of(row), col, acc, top == -INFINITY ? 0.f : 1.f / total,
                      col == 0, top == -INFINITY ? -INFINITY : (top + log2f(total)) * LN2);
     }
-    if (cluster)
-        cluster_sync(); /* the other CTAs may still read this one's shared memory */
 }
 
 /* Dynamic shared memory of one CTA of the kernel above. */

@@ -52,31 +52,18 @@ template <typename cfg> int occupancy()
     return ctas;
 }
 
-/* Clusters of `cluster` decode CTAs that can be resident at once (0: none). */
-template <typename cfg> int max_clusters(int cluster)
-{
-    constexpr int smem = fwd_mma_smem_bytes<cfg>();
-    auto kernel = fwd_mma_kernel<fmha_bf16, cfg, false, true>;
-    if (allow_smem(kernel, smem) != hipSuccess) {
-        (void)hipGetLastError();
-        return 0;
-    }
-    return fmha_max_active_clusters(kernel, cfg::warps * WARP_LANES, smem, cluster);
-}
-
 template <typename T, typename cfg, bool CAUSAL, bool SPLIT>
 fmha_status launch_variant(const fmha_fwd_params &p)
 {
     constexpr int smem = fwd_mma_smem_bytes<cfg>();
     auto kernel = fwd_mma_kernel<T, cfg, CAUSAL, SPLIT>;
-    /* The attributes are per device: set them once for each (a bit per ordinal). */
+    /* The attribute is per device: set it once for each (a bit per ordinal). */
     static std::atomic<uint64_t> smem_allowed{0};
     const uint64_t bit = p.device < 64 ? 1ull << p.device : 0;
     if (!bit || !(smem_allowed.load(std::memory_order_acquire) & bit)) {
         hipError_t err = allow_smem(kernel, smem);
         if (err != hipSuccess)
             return record_error("hipFuncSetAttribute(max dynamic shared memory)", err);
-        fmha_allow_large_clusters(kernel);
         smem_allowed.fetch_or(bit, std::memory_order_release);
     }
     int64_t rows = p.pack_gqa ? p.seqlen_q * (p.heads_q / p.heads_kv) : p.seqlen_q;
@@ -88,19 +75,20 @@ fmha_status launch_variant(const fmha_fwd_params &p)
         record_error("fwd_mma grid too large (split the batch)", hipSuccess);
         return FMHA_ERR_UNSUPPORTED;
     }
-    /* Overlapped with the kernel before it (the producer waits for it before touching memory). */
-    const bool overlap = FMHA_GPU_OVERLAP_LAUNCH && overlap_supported(p.device);
-    const hipError_t err = fmha_launch_ex(kernel, dim3((unsigned)ctas), dim3(cfg::warps * WARP_LANES), smem,
-                                          (hipStream_t)p.stream, p.cluster_ctas, overlap, p);
-    return err == hipSuccess ? FMHA_OK : record_error("fwd_mma_kernel", err);
+    const dim3 grid((unsigned)ctas), block(cfg::warps * WARP_LANES);
+    if (FMHA_GPU_OVERLAP_LAUNCH && overlap_supported(p.device)) {
+        /* Overlapped with the kernel before it (the producer waits for it before touching memory). */
+        const hipError_t err = fmha_launch_overlapped(kernel, grid, block, smem, (hipStream_t)p.stream, p);
+        return err == hipSuccess ? FMHA_OK : record_error("fwd_mma_kernel (overlapped launch)", err);
+    }
+    kernel<<<grid, block, smem, (hipStream_t)p.stream>>>(p);
+    return check_launch("fwd_mma_kernel");
 }
 
 template <typename T, typename cfg> fmha_status launch_tiles(const fmha_fwd_params &p)
 {
-    /* A split's streams: some of one CTA's, or all of the CTAs' of a cluster. */
-    const int ws = p.stream_splits, cluster = p.cluster_ctas;
-    if (p.block_m != cfg::block_m || p.block_n != cfg::block_n || cluster < 1 ||
-        (cluster == 1 ? ws < 1 || cfg::streams % ws != 0 : ws != cluster * cfg::streams))
+    if (p.block_m != cfg::block_m || p.block_n != cfg::block_n || p.stream_splits < 1 ||
+        cfg::streams % p.stream_splits != 0)
         return FMHA_ERR_INVALID; /* the plan and the compiled tiles disagree */
     bool split = p.num_splits > 1;
     if (p.causal)
@@ -125,8 +113,6 @@ int FMHA_CAT(occupancy_fwd_mma_d, FMHA_HEAD_DIM)(int kernel)
     default: return occupancy<prefill_config>();
     }
 }
-
-int FMHA_CAT(decode_clusters_d, FMHA_HEAD_DIM)(int cluster) { return max_clusters<decode_config>(cluster); }
 
 fmha_status FMHA_CAT(launch_fwd_mma_d, FMHA_HEAD_DIM)(const fmha_fwd_params &p)
 {

@@ -89,7 +89,7 @@ typedef cudaMemcpyKind hipMemcpyKind;
 
 /*
  * Programmatic dependent launch (NVIDIA sm_90+).  A kernel launched with
- * fmha_launch_ex(..., overlap) may start while the kernel before it in the stream
+ * fmha_launch_overlapped may start while the kernel before it in the stream
  * is still running; before it reads what that kernel wrote it calls
  * fmha_wait_prior_grid(), which returns once the prior grid has finished and
  * its writes are visible.  The prior kernel calls fmha_trigger_dependents()
@@ -110,82 +110,31 @@ __device__ __forceinline__ void fmha_trigger_dependents()
 #endif
 }
 
-/*
- * A launch with Hopper's launch attributes: `cluster` CTAs per thread-block
- * cluster (1: none; over 8 needs the kernel's non-portable-size attribute)
- * and `overlap` (programmatic dependent launch, above).  Elsewhere a plain
- * launch (the planner asks for clusters only on sm_90).
- * fmha_max_active_clusters: how many clusters of `cluster` CTAs of `kernel`
- * can be resident at once (0: none can be launched; -1: the query failed).
- */
 #if !(defined(__HIPCC__) || defined(FMHA_WITH_HIP))
 template <typename... Params, typename... Args>
-hipError_t fmha_launch_ex(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, hipStream_t stream,
-                          int cluster, bool overlap, Args... args)
+hipError_t fmha_launch_overlapped(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+                                  hipStream_t stream, Args... args)
 {
-    cudaLaunchAttribute attr[2] = {};
-    unsigned n = 0;
-    if (cluster > 1) {
-        attr[n].id = cudaLaunchAttributeClusterDimension;
-        attr[n].val.clusterDim.x = (unsigned)cluster;
-        attr[n].val.clusterDim.y = 1;
-        attr[n].val.clusterDim.z = 1;
-        n++;
-    }
-    if (overlap) {
-        attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-        attr[n].val.programmaticStreamSerializationAllowed = 1;
-        n++;
-    }
+    cudaLaunchAttribute attr[1] = {};
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
     cudaLaunchConfig_t config = {};
     config.gridDim = grid;
     config.blockDim = block;
     config.dynamicSmemBytes = smem;
     config.stream = stream;
     config.attrs = attr;
-    config.numAttrs = n;
-    return cudaLaunchKernelEx(&config, kernel, args...);
-}
-/* Let `kernel` run in clusters over the portable 8 CTAs where the device can (else no-op). */
-template <typename Kernel> void fmha_allow_large_clusters(Kernel kernel)
-{
-    if (cudaFuncSetAttribute(reinterpret_cast<const void *>(kernel), cudaFuncAttributeNonPortableClusterSizeAllowed,
-                             1) != cudaSuccess)
-        (void)cudaGetLastError();
-}
-template <typename Kernel> int fmha_max_active_clusters(Kernel kernel, int threads, int smem, int cluster)
-{
-    fmha_allow_large_clusters(kernel);
-    cudaLaunchAttribute attr = {};
-    attr.id = cudaLaunchAttributeClusterDimension;
-    attr.val.clusterDim.x = (unsigned)cluster;
-    attr.val.clusterDim.y = 1;
-    attr.val.clusterDim.z = 1;
-    cudaLaunchConfig_t config = {};
-    config.gridDim = dim3((unsigned)cluster);
-    config.blockDim = dim3((unsigned)threads);
-    config.dynamicSmemBytes = (size_t)smem;
-    config.attrs = &attr;
     config.numAttrs = 1;
-    int n = 0;
-    if (cudaOccupancyMaxActiveClusters(&n, kernel, &config) != cudaSuccess) {
-        (void)cudaGetLastError();
-        return -1;
-    }
-    return n;
+    return cudaLaunchKernelEx(&config, kernel, args...);
 }
 #else
 template <typename... Params, typename... Args>
-hipError_t fmha_launch_ex(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, hipStream_t stream,
-                          int cluster, bool, Args... args)
+hipError_t fmha_launch_overlapped(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+                                  hipStream_t stream, Args... args)
 {
-    if (cluster > 1)
-        return hipErrorInvalidValue;
     kernel<<<grid, block, smem, stream>>>(args...);
     return hipGetLastError();
 }
-template <typename Kernel> void fmha_allow_large_clusters(Kernel) {}
-template <typename Kernel> int fmha_max_active_clusters(Kernel, int, int, int) { return 0; }
 #endif
 
 /* Lanes per warp (wavefront): 32 on NVIDIA and RDNA, 64 on CDNA. */

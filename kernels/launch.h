@@ -32,12 +32,10 @@ inline fmha_status check_code_object(int) { return FMHA_OK; } /* the planner gat
 fmha_status check_launch(const char *kernel);
 
 /* One producer launcher per FMHA_GPU_MMA_CONFIGS row, defined in fwd_d<hd>.hip,
- * the occupancy (resident CTAs per SM) of the tiles of a GPU kernel id, and
- * how many clusters of `cluster` decode CTAs can be resident (0: none). */
+ * and the occupancy (resident CTAs per SM) of the tiles of a GPU kernel id. */
 #define FMHA_DECLARE_LAUNCHER(hd, bm, bn, w, st, ctas, str)                     \
     fmha_status launch_fwd_mma_d##hd(const fmha_fwd_params &p);      \
-    int occupancy_fwd_mma_d##hd(int kernel);                          \
-    int decode_clusters_d##hd(int cluster);
+    int occupancy_fwd_mma_d##hd(int kernel);
 FMHA_GPU_MMA_CONFIGS(FMHA_DECLARE_LAUNCHER)
 #undef FMHA_DECLARE_LAUNCHER
 

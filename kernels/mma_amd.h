@@ -97,10 +97,6 @@ __device__ __forceinline__ void warp_sync()
     __builtin_amdgcn_fence(__ATOMIC_ACQUIRE, "wavefront");
 }
 
-/* No thread-block clusters here: the planner never asks for them on AMD. */
-__device__ __forceinline__ void cluster_sync() { __syncthreads(); }
-template <typename T> __device__ __forceinline__ T *cluster_map(T *p, int) { return p; }
-
 /* With synchronous copies a deeper K/V ring overlaps nothing and costs LDS (64 KB). */
 constexpr int ring_stages(int) { return 1; }
 

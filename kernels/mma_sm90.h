@@ -54,33 +54,6 @@ __device__ __forceinline__ void fence_proxy_async()
 #endif
 }
 
-/*
- * Thread-block clusters (sm_90): the CTAs of a cluster read each other's
- * shared memory.  cluster_sync: every thread of every CTA of the cluster
- * arrives, its shared-memory writes released to the cluster, and waits
- * (acquire).  cluster_map: where the same shared variable lives in the CTA of
- * cluster rank `rank`, as a generic pointer.  The planner asks for clusters
- * only on sm_90; other targets compile these to nothing.
- */
-__device__ __forceinline__ void cluster_sync()
-{
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("barrier.cluster.arrive.release.aligned;\n"
-                 "barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-#endif
-}
-template <typename T> __device__ __forceinline__ T *cluster_map(T *p, int rank)
-{
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    uint64_t remote;
-    asm volatile("mapa.u64 %0, %1, %2;\n" : "=l"(remote) : "l"(p), "r"(rank));
-    return reinterpret_cast<T *>(remote);
-#else
-    (void)rank;
-    return p;
-#endif
-}
-
 #if FMHA_HAS_WGMMA
 /* Order: registers written before -> wgmma reads; and issue/commit/wait of groups. */
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }

@@ -166,8 +166,6 @@ fmha_status fmha_rt_query_device(int ordinal, fmha_device_info *info)
 #define FMHA_OCCUPANCY(hd, bm, bn, w, s, ctas, str)                                        \
     for (int kernel = 1; row < FMHA_GPU_MAX_CONFIGS && kernel <= FMHA_GPU_KERNELS; kernel++) \
         info->ctas_per_sm[kernel - 1][row] = fmha::occupancy_fwd_mma_d##hd(kernel);          \
-    for (int i = 1; row < FMHA_GPU_MAX_CONFIGS && i <= FMHA_GPU_MAX_CLUSTER_LOG2; i++)       \
-        info->decode_clusters[row][i] = fmha::decode_clusters_d##hd(1 << i);                 \
     row++;
     FMHA_GPU_MMA_CONFIGS(FMHA_OCCUPANCY)
 #undef FMHA_OCCUPANCY
