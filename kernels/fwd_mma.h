@@ -170,18 +170,20 @@ struct cta_work {
     __device__ int64_t kv_head() const { return packed ? slot : slot / group; }
 };
 
-template <int BLOCK_M, int BLOCK_N, bool CAUSAL>
+template <int BLOCK_M, int BLOCK_N, bool CAUSAL, int STREAMS>
 __device__ __forceinline__ cta_work make_work(const fmha_fwd_params &p, int64_t unit)
 {
+    /* A CTA of one stream never shares a split (and the compiler sees the step is 1). */
+    const int ws = STREAMS == 1 ? 1 : p.stream_splits;
     cta_work w;
     w.packed = p.pack_gqa != 0;
     w.group = p.heads_q / p.heads_kv;
     w.rows = p.pack_gqa ? p.seqlen_q * w.group : p.seqlen_q;
     int64_t slots = p.pack_gqa ? p.heads_kv : p.heads_q;
     int64_t m_blocks = (w.rows + BLOCK_M - 1) / BLOCK_M;
-    const int sub = (int)(unit % p.stream_splits);
+    const int sub = (int)(unit % ws);
     /* Flattened pieces, rows fastest then heads: pieces that share K/V run together. */
-    int64_t id = unit / p.stream_splits;
+    int64_t id = unit / ws;
     /* Causal: the last query blocks see the most keys; start them first so the
      * short ones fill the tail of the grid instead of the long ones. */
     int64_t m_block = CAUSAL ? m_blocks - 1 - id % m_blocks : id % m_blocks;
@@ -213,7 +215,7 @@ __device__ __forceinline__ cta_work make_work(const fmha_fwd_params &p, int64_t 
     w.n_begin = (int)begin;
     w.n_end = (int)(end > begin ? end : begin);
     w.n_first = w.n_begin + sub;
-    w.n_step = p.stream_splits;
+    w.n_step = ws;
     w.n_count = w.n_end > w.n_first ? (w.n_end - w.n_first + w.n_step - 1) / w.n_step : 0;
     return w;
 }
@@ -557,13 +559,16 @@ fwd_mma_kernel(const fmha_fwd_params p)
     fmha_wait_prior_grid();
 
     extern __shared__ __align__(1024) unsigned char smem_raw[];
-    const int stream = (int)threadIdx.x / THREADS, tid = (int)threadIdx.x % THREADS;
+    /* Which stream, and this thread's place in it; both known uniform where the
+     * compiler can use it (the work and its branches are then uniform too). */
+    const int stream = cfg::streams == 1 ? 0 : warp_uniform((int)threadIdx.x / THREADS);
+    const int tid = cfg::streams == 1 ? (int)threadIdx.x : (int)threadIdx.x % THREADS;
     unsigned char *stream_smem = smem_raw + stream * STREAM_BYTES;
     T *s_q = reinterpret_cast<T *>(stream_smem);
     T *s_k = s_q + q_tile::ELEMS;
     T *s_v = s_k + STAGES * kv_tile::ELEMS;
 
-    const cta_work w = make_work<BLOCK_M, BLOCK_N, CAUSAL>(p, (int64_t)blockIdx.x * cfg::streams + stream);
+    const cta_work w = make_work<BLOCK_M, BLOCK_N, CAUSAL, cfg::streams>(p, (int64_t)blockIdx.x * cfg::streams + stream);
     const int lane = tid % WARP_LANES, warp = tid / WARP_LANES;
     const T *q = static_cast<const T *>(p.q);
     const T *k = static_cast<const T *>(p.k) + w.b * p.k_batch_stride + w.kv_head() * p.k_head_stride;

@@ -97,6 +97,9 @@ __device__ __forceinline__ void warp_sync()
     __builtin_amdgcn_fence(__ATOMIC_ACQUIRE, "wavefront");
 }
 
+/* x, which every lane of the wave holds alike, as a value the compiler knows is uniform. */
+__device__ __forceinline__ int warp_uniform(int x) { return __builtin_amdgcn_readfirstlane(x); }
+
 /* With synchronous copies a deeper K/V ring overlaps nothing and costs LDS (64 KB). */
 constexpr int ring_stages(int) { return 1; }
 

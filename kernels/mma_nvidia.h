@@ -47,6 +47,9 @@ __device__ __forceinline__ bool acc_row_leader(int lane) { return lane % LANES_P
 /* Barrier of one warp: its lanes' shared-memory writes are visible to all its lanes. */
 __device__ __forceinline__ void warp_sync() { __syncwarp(); }
 
+/* x, which every lane of the warp holds alike, as a value the compiler knows is uniform. */
+__device__ __forceinline__ int warp_uniform(int x) { return __shfl_sync(0xffffffffu, x, 0); }
+
 /* K/V shared-memory ring depth: the configured stages (cp.async overlaps them). */
 constexpr int ring_stages(int stages) { return stages; }
 
