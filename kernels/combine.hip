@@ -192,14 +192,9 @@ template <typename TIn, typename TOut> fmha_status launch_typed(const fmha_combi
         return FMHA_ERR_UNSUPPORTED;
     }
     auto kernel = vec ? combine_kernel<TIn, TOut, 4> : combine_kernel<TIn, TOut, 1>;
-    const dim3 grid((unsigned)ctas), block(COMBINE_THREADS);
-    if (overlapped) {
-        const hipError_t err = fmha_launch_overlapped(kernel, grid, block, shape.smem_bytes(),
-                                                      (hipStream_t)c.stream, c, shape);
-        return err == hipSuccess ? FMHA_OK : record_error("combine_kernel (overlapped launch)", err);
-    }
-    kernel<<<grid, block, shape.smem_bytes(), (hipStream_t)c.stream>>>(c, shape);
-    return check_launch("combine_kernel");
+    const hipError_t err = fmha_launch(kernel, dim3((unsigned)ctas), dim3(COMBINE_THREADS), shape.smem_bytes(),
+                                       (hipStream_t)c.stream, overlapped, c, shape);
+    return err == hipSuccess ? FMHA_OK : record_error("combine_kernel", err);
 }
 
 template <typename TIn> fmha_status launch_out(const fmha_combine_params &c, bool overlapped)
@@ -216,7 +211,7 @@ template <typename TIn> fmha_status launch_out(const fmha_combine_params &c, boo
 
 fmha_status launch_combine(const fmha_combine_params &c, bool after_producer)
 {
-    const bool overlapped = FMHA_GPU_OVERLAP_LAUNCH && after_producer && overlap_supported(c.device);
+    const bool overlapped = after_producer && overlap_launches(c.device);
     switch (c.in_dtype) {
     case FMHA_DTYPE_F16: return launch_out<fmha_half>(c, overlapped);
     case FMHA_DTYPE_BF16: return launch_out<fmha_bf16>(c, overlapped);

@@ -75,14 +75,11 @@ fmha_status launch_variant(const fmha_fwd_params &p)
         record_error("fwd_mma grid too large (split the batch)", hipSuccess);
         return FMHA_ERR_UNSUPPORTED;
     }
-    const dim3 grid((unsigned)ctas), block(cfg::warps * WARP_LANES);
-    if (FMHA_GPU_OVERLAP_LAUNCH && overlap_supported(p.device)) {
-        /* Overlapped with the kernel before it (the producer waits for it before touching memory). */
-        const hipError_t err = fmha_launch_overlapped(kernel, grid, block, smem, (hipStream_t)p.stream, p);
-        return err == hipSuccess ? FMHA_OK : record_error("fwd_mma_kernel (overlapped launch)", err);
-    }
-    kernel<<<grid, block, smem, (hipStream_t)p.stream>>>(p);
-    return check_launch("fwd_mma_kernel");
+    /* Overlapped with the kernel before it where possible (the producer waits for it before
+     * touching memory). */
+    const hipError_t err = fmha_launch(kernel, dim3((unsigned)ctas), dim3(cfg::warps * WARP_LANES), smem,
+                                       (hipStream_t)p.stream, overlap_launches(p.device), p);
+    return err == hipSuccess ? FMHA_OK : record_error("fwd_mma_kernel", err);
 }
 
 template <typename T, typename cfg> fmha_status launch_tiles(const fmha_fwd_params &p)

@@ -89,7 +89,7 @@ typedef cudaMemcpyKind hipMemcpyKind;
 
 /*
  * Programmatic dependent launch (NVIDIA sm_90+).  A kernel launched with
- * fmha_launch_overlapped may start while the kernel before it in the stream
+ * fmha_launch(..., overlap = true) may start while the kernel before it in the stream
  * is still running; before it reads what that kernel wrote it calls
  * fmha_wait_prior_grid(), which returns once the prior grid has finished and
  * its writes are visible.  The prior kernel calls fmha_trigger_dependents()
@@ -110,32 +110,31 @@ __device__ __forceinline__ void fmha_trigger_dependents()
 #endif
 }
 
+/* Launch `kernel`, overlapped as above when `overlap`; returns the launch error. */
+template <typename... Params, typename... Args>
+hipError_t fmha_launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, hipStream_t stream,
+                       bool overlap, Args... args)
+{
 #if !(defined(__HIPCC__) || defined(FMHA_WITH_HIP))
-template <typename... Params, typename... Args>
-hipError_t fmha_launch_overlapped(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
-                                  hipStream_t stream, Args... args)
-{
-    cudaLaunchAttribute attr[1] = {};
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cudaLaunchConfig_t config = {};
-    config.gridDim = grid;
-    config.blockDim = block;
-    config.dynamicSmemBytes = smem;
-    config.stream = stream;
-    config.attrs = attr;
-    config.numAttrs = 1;
-    return cudaLaunchKernelEx(&config, kernel, args...);
-}
+    if (overlap) {
+        cudaLaunchAttribute attr[1] = {};
+        attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attr[0].val.programmaticStreamSerializationAllowed = 1;
+        cudaLaunchConfig_t config = {};
+        config.gridDim = grid;
+        config.blockDim = block;
+        config.dynamicSmemBytes = smem;
+        config.stream = stream;
+        config.attrs = attr;
+        config.numAttrs = 1;
+        return cudaLaunchKernelEx(&config, kernel, args...);
+    }
 #else
-template <typename... Params, typename... Args>
-hipError_t fmha_launch_overlapped(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
-                                  hipStream_t stream, Args... args)
-{
+    (void)overlap;
+#endif
     kernel<<<grid, block, smem, stream>>>(args...);
     return hipGetLastError();
 }
-#endif
 
 /* Lanes per warp (wavefront): 32 on NVIDIA and RDNA, 64 on CDNA. */
 #if defined(__HIP_DEVICE_COMPILE__) && defined(__AMDGCN_WAVEFRONT_SIZE)

@@ -44,8 +44,9 @@ FMHA_GPU_MMA_CONFIGS(FMHA_DECLARE_LAUNCHER)
  * fmha_trigger_dependents (then the launch may overlap its tail). */
 fmha_status launch_combine(const fmha_combine_params &c, bool after_producer);
 
-/* Whether `device` runs programmatic dependent launches (NVIDIA sm_90+). */
-bool overlap_supported(int device);
+/* Whether launches on `device` overlap the kernel before them: FMHA_GPU_OVERLAP_LAUNCH
+ * and a device with programmatic dependent launch (NVIDIA sm_90+). */
+bool overlap_launches(int device);
 
 }  // namespace fmha
 

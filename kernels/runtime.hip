@@ -58,10 +58,12 @@ fmha_status use_device(int device)
 }
 
 #if FMHA_DEVICE_IS_AMD
-bool overlap_supported(int) { return false; }
+bool overlap_launches(int) { return false; }
 #else
-bool overlap_supported(int device)
+bool overlap_launches(int device)
 {
+    if (!FMHA_GPU_OVERLAP_LAUNCH)
+        return false;
     /* Per device: 0 not asked yet, 1 compute capability 9.0 or newer, -1 older or unknown. */
     static std::atomic<signed char> known[MAX_DEVICES];
     if (device < 0 || device >= MAX_DEVICES)
