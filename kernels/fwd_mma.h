@@ -149,13 +149,12 @@ struct cta_work {
     int64_t b;        /* batch entry */
     int64_t slot;     /* query head, or kv head when pack_gqa */
     int64_t group;    /* query heads per kv head */
-    int64_t rows;     /* tile rows in the problem: seqlen_q, times group when packed (0: idle stream) */
+    int64_t rows;     /* tile rows in the problem: seqlen_q, times group when packed; 0 for an
+                         idle stream (the last CTA's streams past the problem's pieces) */
     int64_t row0;     /* first row of this tile */
     int64_t len_k;    /* keys of this batch entry */
     int split;        /* which split of the key blocks */
-    int n_begin, n_end; /* the split's key blocks [n_begin, n_end) */
-    int n_first, n_step, n_count; /* this stream's: n_first + j * n_step, j < n_count */
-    bool active;      /* a piece of the problem (the last CTA may have idle streams) */
+    int n_first, n_step, n_count; /* this stream's key blocks: n_first + j * n_step, j < n_count */
 
     bool packed;      /* rows interleave the query heads of kv head `slot` */
 
@@ -192,13 +191,13 @@ __device__ __forceinline__ cta_work make_work(const fmha_fwd_params &p, int64_t 
     id /= slots;
     w.split = (int)(id % p.num_splits);
     w.b = id / p.num_splits;
-    w.active = w.b < p.batch;
-    if (!w.active) {
+    const bool active = w.b < p.batch;
+    if (!active) {
         w.b = 0;
         w.rows = 0;
     }
     w.row0 = m_block * BLOCK_M;
-    w.len_k = !w.active ? 0 : p.seqlens_k ? (int64_t)p.seqlens_k[w.b] + p.seqlen_new : p.seqlen_k;
+    w.len_k = !active ? 0 : p.seqlens_k ? (int64_t)p.seqlens_k[w.b] + p.seqlen_new : p.seqlen_k;
 
     int64_t n_blocks = (w.len_k + BLOCK_N - 1) / BLOCK_N;
     int64_t per_split = p.split_blocks > 0 ? p.split_blocks
@@ -212,11 +211,10 @@ __device__ __forceinline__ cta_work make_work(const fmha_fwd_params &p, int64_t 
         int64_t visible = last_key < 0 ? 0 : last_key / BLOCK_N + 1;
         end = end < visible ? end : visible;
     }
-    w.n_begin = (int)begin;
-    w.n_end = (int)(end > begin ? end : begin);
-    w.n_first = w.n_begin + sub;
+    /* Of the split's blocks [begin, end), this stream's: every ws-th from begin + sub. */
+    w.n_first = (int)begin + sub;
     w.n_step = ws;
-    w.n_count = w.n_end > w.n_first ? (w.n_end - w.n_first + w.n_step - 1) / w.n_step : 0;
+    w.n_count = end > w.n_first ? (int)((end - w.n_first + ws - 1) / ws) : 0;
     return w;
 }
 
@@ -765,11 +763,11 @@ fwd_mma_kernel(const fmha_fwd_params p)
     const int ws = p.stream_splits, first = stream - stream % ws;
     auto part = [&](int i) { return merge_area<BLOCK_M, HEAD_DIM>(smem_raw + (first + i) * STREAM_BYTES); };
     constexpr int VEC = ACC_COLS, PER_ROW = HEAD_DIM / VEC;
-    for (int idx = (stream - first) * THREADS + tid; w.active && idx < BLOCK_M * PER_ROW; idx += ws * THREADS) {
+    for (int idx = (stream - first) * THREADS + tid; idx < BLOCK_M * PER_ROW; idx += ws * THREADS) {
         const int r = idx / PER_ROW, col = idx % PER_ROW * VEC;
         const int64_t row = w.row0 + r;
         if (row >= w.rows)
-            break; /* rows ascend with idx */
+            break; /* rows ascend with idx (an idle stream has none) */
         float top = -INFINITY;
         for (int i = 0; i < ws; i++)
             top = nan_max(top, part(i).lse[r]);
