@@ -129,7 +129,8 @@ def bench_shape(shape, reps, check):
     lse = torch.empty(b, hq, sq, device="cuda", dtype=torch.float32)
     flush = sq * hq // hkv <= 64
     plan = fmha_native.explain(q, k, v, causal=causal)
-    row = {"shape": list(shape), "splits": plan["num_splits"], "kernel": plan["kernel"]}
+    row = {"shape": list(shape), "splits": plan["num_splits"], "stream_splits": plan.get("stream_splits", 1),
+           "kernel": plan["kernel"]}
 
     def ours():
         fmha_native.forward(q, k, v, causal=causal, out=out, lse=lse)
@@ -190,14 +191,17 @@ def fmt(x, spec):
 
 
 def print_table(rows):
-    print(f"{'shape (B,Hq,Hkv,Sq,Sk,D,causal)':40s} {'split':>5s} {'ours ms':>9s} {'flash ms':>9s} "
-          f"{'cudnn ms':>9s} {'TFLOP/s':>8s} {'GB/s':>7s} {'x flash':>8s} {'x best':>7s}")
+    print(f"{'shape (B,Hq,Hkv,Sq,Sk,D,causal)':36s} {'split':>7s} {'ours ms':>9s} {'flash ms':>9s} "
+          f"{'cudnn ms':>9s} {'TFLOP/s':>8s} {'GB/s':>7s} {'x flash':>8s} {'x cudnn':>8s} {'x best':>7s}")
     for r in rows:
         shape = "(" + ",".join(str(int(x)) if not isinstance(x, bool) else ("c" if x else "nc")
                                for x in r["shape"]) + ")"
-        print(f"{shape:40s} {r['splits']:5d} {r['ours_ms']:9.3f} {fmt(r.get('flash_ms'), '9.3f')} "
-              f"{fmt(r.get('cudnn_ms'), '9.3f')} {r['ours_tflops']:8.1f} {r['ours_gbs']:7.0f} "
-              f"{fmt(r.get('speedup_vs_flash'), '8.2f')} {fmt(r.get('speedup_vs_best'), '7.2f')}")
+        split = f"{r['splits']}x{r.get('stream_splits', 1)}"
+        x_cudnn = r["cudnn_ms"] / r["ours_ms"] if r.get("cudnn_ms") else None
+        print(f"{shape:36s} {split:>7s} {r['ours_ms']:9.4f} {fmt(r.get('flash_ms'), '9.4f')} "
+              f"{fmt(r.get('cudnn_ms'), '9.4f')} {r['ours_tflops']:8.1f} {r['ours_gbs']:7.0f} "
+              f"{fmt(r.get('speedup_vs_flash'), '8.2f')} {fmt(x_cudnn, '8.3f')} "
+              f"{fmt(r.get('speedup_vs_best'), '7.2f')}")
 
 
 def plot(rows, path):
@@ -233,10 +237,15 @@ def main():
     ap.add_argument("--no-check", action="store_true")
     ap.add_argument("--only", help="comma list of row indices of the chosen set")
     ap.add_argument("--varlen", action="store_true", help="also the ragged-batch decode row")
+    ap.add_argument("--shape", action="append", metavar="B,HQ,HKV,SQ,SK,D[,causal]",
+                    help="benchmark this shape instead of a set (repeatable; causal 0/1)")
     args = ap.parse_args()
     shapes = {"gpu": GPU_SHAPES, "decode": DECODE_SHAPES, "all": GPU_SHAPES + DECODE_SHAPES}[args.set]
     if args.only:
         shapes = [shapes[int(i)] for i in args.only.split(",")]
+    if args.shape:
+        shapes = [tuple(int(x) for x in s.split(",")) for s in args.shape]
+        shapes = [s[:6] + (bool(s[6]) if len(s) > 6 else False,) for s in shapes]
     rows = []
     for s in shapes:
         rows.append(bench_shape(s, args.reps, not args.no_check))

@@ -703,21 +703,20 @@ fwd_mma_kernel(const fmha_fwd_params p)
     /* The combine may be scheduled now (programmatic launch); it still waits for this grid. */
     fmha_trigger_dependents();
 
-    /* ACC_COLS features of result row (query i, head h) from column col, times inv: to the
-     * output, or to the split scratch; the LSE too when asked. */
-    auto store_result = [&](int64_t i, int64_t h, int col, const float *x, float inv, bool with_lse,
-                            float lse) {
-        if (SPLIT) {
-            const int64_t prow = ((int64_t)w.split * p.batch + w.b) * p.seqlen_q + i;
-            store_row(p.o_accum + (prow * p.heads_q + h) * HEAD_DIM, col, x, inv);
-            if (with_lse)
-                p.lse_accum[(((int64_t)w.split * p.batch + w.b) * p.heads_q + h) * p.seqlen_q + i] = lse;
-        } else {
-            store_row(static_cast<T *>(p.out) + w.b * p.o_batch_stride + i * p.o_row_stride +
-                          h * p.o_head_stride, col, x, inv);
-            if (with_lse && p.lse)
-                p.lse[w.b * p.lse_batch_stride + h * p.lse_head_stride + i * p.lse_row_stride] = lse;
-        }
+    /* Where result row (query i, head h) goes: its O row (the output, or the split's
+     * fp32 scratch) and its LSE slot (nullptr when the caller asked for none). */
+    auto o_row = [&](int64_t i, int64_t h) {
+        if constexpr (SPLIT)
+            return p.o_accum + ((((int64_t)w.split * p.batch + w.b) * p.seqlen_q + i) * p.heads_q + h) * HEAD_DIM;
+        else
+            return static_cast<T *>(p.out) + w.b * p.o_batch_stride + i * p.o_row_stride + h * p.o_head_stride;
+    };
+    auto lse_slot = [&](int64_t i, int64_t h) -> float * {
+        if constexpr (SPLIT)
+            return p.lse_accum + (((int64_t)w.split * p.batch + w.b) * p.heads_q + h) * p.seqlen_q + i;
+        else
+            return p.lse ? p.lse + w.b * p.lse_batch_stride + h * p.lse_head_stride + i * p.lse_row_stride
+                         : nullptr;
     };
 
     /*
@@ -750,10 +749,14 @@ fwd_mma_kernel(const fmha_fwd_params p)
             const int64_t row = w.row0 + r;
             if (row >= w.rows)
                 continue;
+            const int64_t i = w.query_of(row), h = w.head_of(row);
+            const auto dst = o_row(i, h) + acc_col(lane);
 #pragma unroll
             for (int dt = 0; dt < DT; dt++)
-                store_result(w.query_of(row), w.head_of(row), dt * MMA_N + acc_col(lane),
-                             &o[mt][dt][half * ACC_COLS], inv, dt == 0 && acc_row_leader(lane), lse * LN2);
+                store_row(dst, dt * MMA_N, &o[mt][dt][half * ACC_COLS], inv);
+            float *slot = acc_row_leader(lane) ? lse_slot(i, h) : nullptr;
+            if (slot)
+                *slot = lse * LN2;
         }
     if (!merge)
         return;
@@ -782,8 +785,11 @@ fwd_mma_kernel(const fmha_fwd_params p)
             for (int c = 0; c < VEC; c++)
                 acc[c] += weighted(f, part(i).o[r * mine.STRIDE + col + c]);
         }
-        store_result(w.query_of(row), w.head_of(row), col, acc, top == -INFINITY ? 0.f : 1.f / total,
-                     col == 0, top == -INFINITY ? -INFINITY : (top + log2f(total)) * LN2);
+        const int64_t i = w.query_of(row), h = w.head_of(row);
+        store_row(o_row(i, h), col, acc, top == -INFINITY ? 0.f : 1.f / total);
+        float *slot = col == 0 ? lse_slot(i, h) : nullptr;
+        if (slot)
+            *slot = top == -INFINITY ? -INFINITY : (top + log2f(total)) * LN2;
     }
 }
 
