@@ -89,5 +89,13 @@
 /* A split plan is taken only if its modelled time is below this fraction of
  * the unsplit plan's (the model omits the partials' traffic and the combine). */
 #define FMHA_SPLIT_MIN_GAIN 0.9
+/* Decode tiles: a plan with more splits than the best so far must model below
+ * this fraction of its time to replace it.  The model counts a stream's key
+ * blocks, but these tiles are bandwidth-bound once ~128 CTAs stream (H200: 132
+ * instead of 128 CTAs brought no bandwidth) and each split adds partials and
+ * combine work: (1,32,8,1,131072,128) ran 16 splits x 4 streams in 0.1398 ms
+ * against 33 x 2 in 0.1415, modelled 1.5% apart the other way.  Prefill keeps
+ * the plain minimum ((5,4,4,512,73544,64) would drop from 8 splits to a slower 3). */
+#define FMHA_GPU_DECODE_SPLIT_TIE 0.97
 
 #endif /* FMHA_CONFIG_H */

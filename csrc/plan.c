@@ -66,6 +66,7 @@ static int64_t tile_rows(const fmha_fwd_params *p, int pack_gqa)
 typedef struct machine {
     int64_t units, per_unit;
     double share_cost;
+    double split_tie; /* a plan with more splits than the best must model below this fraction of it */
 } machine;
 
 static int64_t machine_slots(const machine *m) { return m->units * m->per_unit; }
@@ -111,8 +112,11 @@ static double wave_efficiency(int64_t work, int64_t slots)
  * partials that the combine reads back, and the last wave of a ragged grid
  * leaves SMs idle).  A split plan must beat the best unsplit one by
  * FMHA_SPLIT_MIN_GAIN (the model leaves out the partials' traffic and the
- * combine); among equals the most streams per split and then the fewest
- * splits win.  The constants were fit with benchmarks/sweep_splits.py.
+ * combine); a plan with more splits than the best so far must also model
+ * below m->split_tie times its time (memory-bound decode tiles: a near tie
+ * goes to fewer partials and a smaller combine); among equals the most
+ * streams per split and then the fewest splits win.
+ * The constants were fit with benchmarks/sweep_splits.py.
  */
 static int choose_splits(int64_t tiles, const machine *m, int streams, int64_t key_blocks,
                          int64_t partial_cost, int *ws_out, char *why, size_t why_len)
@@ -131,7 +135,7 @@ static int choose_splits(int64_t tiles, const machine *m, int streams, int64_t k
                                         ws, streams);
             if (s > 1)
                 cost /= FMHA_SPLIT_MIN_GAIN;
-            if (cost < best_cost) {
+            if (cost < best_cost * (s > chosen ? m->split_tie : 1.0)) {
                 best_cost = cost;
                 chosen = (int)s;
                 chosen_ws = ws;
@@ -195,7 +199,7 @@ static void plan_cpu(const fmha_fwd_params *p, const fmha_target *t, int request
     int threads = t->num_threads > 0 ? t->num_threads : 1;
     char why[224];
     int64_t tiles = p->batch * p->heads_kv * ceil_div(tile_rows(p, 1), plan->block_m);
-    const machine cpu = {threads, 1, 0.0};
+    const machine cpu = {threads, 1, 0.0, 1.0};
     plan->num_splits = plan_splits(requested, tiles, &cpu, 1, key_blocks, plan->block_m,
                                    plan->block_n, &plan->stream_splits, why, sizeof why);
     snprintf(plan->reason, sizeof plan->reason, "CPU: %dx%d tiles on %d threads; %s",
@@ -301,7 +305,7 @@ static void plan_ragged(const fmha_fwd_params *p, int64_t tiles_per_entry, const
             /* each entry's last chunk is on average half full */
             const int64_t pieces = tiles_per_entry * (ceil_div(total_blocks, chunk) + p->batch / 2);
             const double cost = model_streams(m, pieces, chunk, s > 1 ? partial : 0, ws, t->streams);
-            if (cost < best_cost) {
+            if (cost < best_cost * (s > best_s ? m->split_tie : 1.0)) {
                 best_cost = cost;
                 best_s = s;
                 best_ws = ws;
@@ -418,7 +422,8 @@ static void plan_gpu(const fmha_fwd_params *p, const fmha_target *t, int request
     int64_t row_tiles = ceil_div(tile_rows(p, plan->pack_gqa), tiles.block_m);
     int64_t n_tiles = p->batch * (plan->pack_gqa ? p->heads_kv : p->heads_q) * row_tiles;
     const machine gpu = {dev->sm_count, gpu_ctas_per_sm(dev, kernel, config_row, p->head_dim, &tiles),
-                         kernel == FMHA_KERNEL_GPU_MMA ? FMHA_GPU_MMA_SHARE_COST : 0.0};
+                         kernel == FMHA_KERNEL_GPU_MMA ? FMHA_GPU_MMA_SHARE_COST : 0.0,
+                         kernel == FMHA_KERNEL_GPU_DECODE ? FMHA_GPU_DECODE_SPLIT_TIE : 1.0};
     char why[224];
     if (requested == 0 && p->seqlens_k && p->total_keys > 0 && p->batch > 1)
         plan_ragged(p, n_tiles / p->batch, &gpu, key_blocks, &tiles, plan, why, sizeof why);
