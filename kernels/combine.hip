@@ -79,7 +79,8 @@ __global__ void __launch_bounds__(COMBINE_THREADS, 1) combine_kernel(const fmha_
     const int lane = threadIdx.x % shape.lanes;
     const int64_t row = (int64_t)blockIdx.x * shape.rows + r;
     const bool active = r < shape.rows && row < c.batch * c.seqlen_q * c.heads;
-    const int64_t h = row % c.heads, i = row / c.heads % c.seqlen_q, b = row / c.heads / c.seqlen_q;
+    const fmha_qr hq = fmha_divide(row, c.heads), ib = fmha_divide(hq.q, c.seqlen_q);
+    const int64_t h = hq.r, i = ib.r, b = ib.q;
     const float *lse_row = c.lse_partial + b * c.lp_batch_stride + h * c.lp_head_stride + i * c.lp_row_stride;
     const TIn *o_row = static_cast<const TIn *>(c.o_partial) + b * c.op_batch_stride + i * c.op_row_stride +
                        h * c.op_head_stride;

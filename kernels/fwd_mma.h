@@ -180,17 +180,18 @@ __device__ __forceinline__ cta_work make_work(const fmha_fwd_params &p, int64_t 
     w.rows = p.pack_gqa ? p.seqlen_q * w.group : p.seqlen_q;
     int64_t slots = p.pack_gqa ? p.heads_kv : p.heads_q;
     int64_t m_blocks = (w.rows + BLOCK_M - 1) / BLOCK_M;
-    const int sub = (int)(unit % ws);
+    fmha_qr d = fmha_divide(unit, ws);
+    const int sub = (int)d.r;
     /* Flattened pieces, rows fastest then heads: pieces that share K/V run together. */
-    int64_t id = unit / ws;
+    d = fmha_divide(d.q, m_blocks);
     /* Causal: the last query blocks see the most keys; start them first so the
      * short ones fill the tail of the grid instead of the long ones. */
-    int64_t m_block = CAUSAL ? m_blocks - 1 - id % m_blocks : id % m_blocks;
-    id /= m_blocks;
-    w.slot = id % slots;
-    id /= slots;
-    w.split = (int)(id % p.num_splits);
-    w.b = id / p.num_splits;
+    const int64_t m_block = CAUSAL ? m_blocks - 1 - d.r : d.r;
+    d = fmha_divide(d.q, slots);
+    w.slot = d.r;
+    d = fmha_divide(d.q, p.num_splits);
+    w.split = (int)d.r;
+    w.b = d.q;
     const bool active = w.b < p.batch;
     if (!active) {
         w.b = 0;
@@ -201,7 +202,7 @@ __device__ __forceinline__ cta_work make_work(const fmha_fwd_params &p, int64_t 
 
     int64_t n_blocks = (w.len_k + BLOCK_N - 1) / BLOCK_N;
     int64_t per_split = p.split_blocks > 0 ? p.split_blocks
-                                           : (n_blocks + p.num_splits - 1) / p.num_splits;
+                                           : fmha_divide(n_blocks + p.num_splits - 1, p.num_splits).q;
     int64_t begin = w.split * per_split;
     int64_t end = begin + per_split < n_blocks ? begin + per_split : n_blocks;
     if (CAUSAL) {
@@ -587,12 +588,14 @@ fwd_mma_kernel(const fmha_fwd_params p)
                                               p.v_row_stride, w.len_k - key0, tid);
     };
 
-    /* Prologue: Q with the first K/V block, then the next stages, one commit group each. */
-    load_tile<BLOCK_M, HEAD_DIM, THREADS>(s_q, q, q_row, tid);
+    /* Prologue: the first K/V block, then Q (its row addresses take longer to work out,
+     * and DRAM should be busy meanwhile), then the next stages, one commit group each. */
 #pragma unroll
     for (int s = 0; s < STAGES; s++) {
         if (s < w.n_count)
             load_kv(w.block(s), s);
+        if (s == 0)
+            load_tile<BLOCK_M, HEAD_DIM, THREADS>(s_q, q, q_row, tid);
         copy_async_commit();
     }
 

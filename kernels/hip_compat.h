@@ -13,6 +13,8 @@
 #ifndef FMHA_HIP_COMPAT_H
 #define FMHA_HIP_COMPAT_H
 
+#include <stdint.h>
+
 #if defined(__HIPCC__) || defined(FMHA_WITH_HIP)
 
 #include <hip/hip_runtime.h>
@@ -134,6 +136,24 @@ hipError_t fmha_launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t 
 #endif
     kernel<<<grid, block, smem, stream>>>(args...);
     return hipGetLastError();
+}
+
+/*
+ * q = a / b and r = a % b for a >= 0, b > 0, in 32 bits whenever both fit (every
+ * realistic index): a 64-bit division by a run-time divisor is a software routine
+ * several times longer, and the kernels' prologues run a chain of them before
+ * their first load.
+ */
+struct fmha_qr {
+    int64_t q, r;
+};
+__device__ __forceinline__ fmha_qr fmha_divide(int64_t a, int64_t b)
+{
+    if ((uint64_t)a <= 0xffffffffu && (uint64_t)b <= 0xffffffffu) {
+        const uint32_t q = (uint32_t)a / (uint32_t)b;
+        return {(int64_t)q, a - (int64_t)q * b};
+    }
+    return {a / b, a % b};
 }
 
 /* Lanes per warp (wavefront): 32 on NVIDIA and RDNA, 64 on CDNA. */
