@@ -1,11 +1,16 @@
 """Run one attention problem a few times (for ncu / compute-sanitizer): the
-first runs warm up, ncu then profiles the launches it is told to.
+first runs warm up, ncu then profiles the launches it is told to.  PEER=cudnn
+or PEER=flash in the environment runs torch SDPA with that backend instead of
+fmha_native (same tensors, its [B, H, S, D] views), to profile a peer's kernels.
 
     python benchmarks/profile_case.py B HQ HKV SQ SK D causal [num_splits] [reps]
 """
+import os
 import sys
 
 import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import fmha_native
 
@@ -16,7 +21,16 @@ g = torch.Generator(device="cuda").manual_seed(0)
 q = torch.randn(b, sq, hq, d, device="cuda", dtype=torch.bfloat16, generator=g)
 k = torch.randn(b, sk, hkv, d, device="cuda", dtype=torch.bfloat16, generator=g)
 v = torch.randn(b, sk, hkv, d, device="cuda", dtype=torch.bfloat16, generator=g)
-print(fmha_native.explain(q, k, v, causal=bool(causal), num_splits=splits)["reason"])
-for _ in range(reps):
-    fmha_native.forward(q, k, v, causal=bool(causal), num_splits=splits)
+peer = os.environ.get("PEER")
+if peer:
+    backend = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION}[peer]
+    qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    print(f"torch SDPA, {peer} backend")
+    for _ in range(reps):
+        with sdpa_kernel(backend):
+            F.scaled_dot_product_attention(qt, kt, vt, is_causal=bool(causal), enable_gqa=hq != hkv)
+else:
+    print(fmha_native.explain(q, k, v, causal=bool(causal), num_splits=splits)["reason"])
+    for _ in range(reps):
+        fmha_native.forward(q, k, v, causal=bool(causal), num_splits=splits)
 torch.cuda.synchronize()
