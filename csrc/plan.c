@@ -92,6 +92,13 @@ static double model_streams(const machine *m, int64_t pieces, int64_t blocks, in
     return model_time(m, ceil_div(pieces * ws, streams), ceil_div(blocks, ws) + extra);
 }
 
+/* Whether a plan of `splits` splits modelled at `cost` replaces the best so far: a
+ * cheaper one does, unless it has more splits and is within m->split_tie of it. */
+static int plan_beats(const machine *m, double cost, int64_t splits, double best_cost, int64_t best_splits)
+{
+    return cost < best_cost * (splits > best_splits ? m->split_tie : 1.0);
+}
+
 /* Share of the machine busy over the waves that `work` tiles take on `slots`. */
 static double wave_efficiency(int64_t work, int64_t slots)
 {
@@ -135,7 +142,7 @@ static int choose_splits(int64_t tiles, const machine *m, int streams, int64_t k
                                         ws, streams);
             if (s > 1)
                 cost /= FMHA_SPLIT_MIN_GAIN;
-            if (cost < best_cost * (s > chosen ? m->split_tie : 1.0)) {
+            if (plan_beats(m, cost, s, best_cost, chosen)) {
                 best_cost = cost;
                 chosen = (int)s;
                 chosen_ws = ws;
@@ -305,7 +312,7 @@ static void plan_ragged(const fmha_fwd_params *p, int64_t tiles_per_entry, const
             /* each entry's last chunk is on average half full */
             const int64_t pieces = tiles_per_entry * (ceil_div(total_blocks, chunk) + p->batch / 2);
             const double cost = model_streams(m, pieces, chunk, s > 1 ? partial : 0, ws, t->streams);
-            if (cost < best_cost * (s > best_s ? m->split_tie : 1.0)) {
+            if (plan_beats(m, cost, s, best_cost, best_s)) {
                 best_cost = cost;
                 best_s = s;
                 best_ws = ws;
