@@ -11,11 +11,7 @@ set -uo pipefail
 export PYTHONUNBUFFERED=1
 bench_args=$1 rounds=$2; shift 2
 here=$(pwd)
-for t in "$@"; do
-  (cd "$t" && FMHA_CUDA_ARCHS=${FMHA_CUDA_ARCHS:-90a} python3 setup.py build_ext --inplace -q > build.log 2>&1 ||
-     { echo "$t: build failed"; grep -E "error" build.log | head -5; }) &
-done
-wait
+bash "$here/benchmarks/build_trees.sh" "$@"
 for r in $(seq "$rounds"); do
   for t in "$@"; do
     echo "== $t (round $r)"

@@ -11,8 +11,10 @@ export PYTHONUNBUFFERED=1
 bench_args=$1 old=$2; shift 2
 bench=${BENCH:-benchmarks/bench.py}
 variants=("$old" "$@")
+dirs=()
 for i in "${!variants[@]}"; do
   dir=/tmp/cfg$i
+  dirs+=("$dir")
   rm -rf "$dir"; mkdir -p "$dir"
   tar --exclude=.git --exclude=build -cf - . | tar -xf - -C "$dir"
   python3 - "$dir/csrc/fmha_config.h" "$old" "${variants[$i]}" <<'PY'
@@ -22,10 +24,8 @@ text = open(path).read()
 assert old in text, f"row {old!r} not in {path}"
 open(path, "w").write(text.replace(old, new))
 PY
-  (cd "$dir" && FMHA_CUDA_ARCHS=90a python3 setup.py build_ext --inplace -q > build.log 2>&1 ||
-     { echo "variant $i build failed"; grep -E "error|warning" build.log | head -5; }) &
 done
-wait
+bash benchmarks/build_trees.sh "${dirs[@]}"
 for i in "${!variants[@]}"; do
   echo "== ${variants[$i]}"
   (cd /tmp && PYTHONPATH=/tmp/cfg$i/src python3 /tmp/cfg$i/benchmarks/gpu_check.py --quick | tail -1)
