@@ -119,14 +119,18 @@ def peer_fn(backend, q, k, v, causal):
     return run_expanded, "kv expanded"
 
 
-def bench_shape(shape, reps, check):
-    b, hq, hkv, sq, sk, d, causal = shape
+def make_problem(b, hq, hkv, sq, sk, d):
+    """bf16 q, k, v (seeded) in FlashAttention's layout and out / lse buffers for them."""
     gen = torch.Generator(device="cuda").manual_seed(0)
     q = torch.randn(b, sq, hq, d, device="cuda", dtype=torch.bfloat16, generator=gen)
     k = torch.randn(b, sk, hkv, d, device="cuda", dtype=torch.bfloat16, generator=gen)
     v = torch.randn(b, sk, hkv, d, device="cuda", dtype=torch.bfloat16, generator=gen)
-    out = torch.empty_like(q)
-    lse = torch.empty(b, hq, sq, device="cuda", dtype=torch.float32)
+    return q, k, v, torch.empty_like(q), torch.empty(b, hq, sq, device="cuda", dtype=torch.float32)
+
+
+def bench_shape(shape, reps, check):
+    b, hq, hkv, sq, sk, d, causal = shape
+    q, k, v, out, lse = make_problem(b, hq, hkv, sq, sk, d)
     flush = sq * hq // hkv <= 64
     plan = fmha_native.explain(q, k, v, causal=causal)
     row = {"shape": list(shape), "splits": plan["num_splits"], "stream_splits": plan.get("stream_splits", 1),

@@ -24,6 +24,7 @@ COMBINE_AT = 1 << 15
 probe = torch.zeros(1 << 16, dtype=torch.int64, device="cuda")
 os.environ["FMHA_PROBE"] = str(probe.data_ptr())
 import fmha_native  # noqa: E402  (after the env var, though it is read per call)
+from bench import make_problem  # noqa: E402  (benchmarks/ is the script's directory)
 
 
 def q(x, f):
@@ -65,12 +66,7 @@ def main():
     for spec in args.shape or SHAPES:
         b, hq, hkv, sq, sk, d, *forced = (int(x) for x in spec.split(","))
         splits = forced[0] if forced else 0
-        g = torch.Generator(device="cuda").manual_seed(0)
-        qq = torch.randn(b, sq, hq, d, device="cuda", dtype=torch.bfloat16, generator=g)
-        k = torch.randn(b, sk, hkv, d, device="cuda", dtype=torch.bfloat16, generator=g)
-        v = torch.randn(b, sk, hkv, d, device="cuda", dtype=torch.bfloat16, generator=g)
-        out = torch.empty_like(qq)
-        lse = torch.empty(b, hq, sq, device="cuda", dtype=torch.float32)
+        qq, k, v, out, lse = make_problem(b, hq, hkv, sq, sk, d)
         plan = fmha_native.explain(qq, k, v, num_splits=splits)
         ours = lambda: fmha_native.forward(qq, k, v, out=out, lse=lse, num_splits=splits)  # noqa: E731
         qt, kt, vt = qq.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
