@@ -5,7 +5,7 @@ and a `probe` pointer that the launcher reads from $FMHA_PROBE.  Each stream
 loop done and exit; each combine CTA entry, after its wait and exit.  Runs with
 the L2 flushed as in bench.py, cuDNN timed in the same rounds.
 
-    git apply benchmarks/experiments/timeline_probe.patch   (in a throw-away copy)
+    patch -p1 < benchmarks/experiments/timeline_probe.patch   (in a throw-away copy)
     PYTHONPATH=<copy>/src python3 benchmarks/timeline_probe.py [--shape B,HQ,HKV,SQ,SK,D[,splits]]... [--raw f.npz]
 """
 import argparse
