@@ -14,8 +14,7 @@ import statistics
 
 import numpy as np
 import torch
-import torch.nn.functional as F
-from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.attention import SDPBackend
 
 SHAPES = ["1,16,16,1,65535,64", "1,32,8,1,131072,128", "16,32,8,1,8192,128", "16,32,8,1,4096,128",
           "64,32,8,1,4096,128"]
@@ -24,7 +23,7 @@ COMBINE_AT = 1 << 15
 probe = torch.zeros(1 << 16, dtype=torch.int64, device="cuda")
 os.environ["FMHA_PROBE"] = str(probe.data_ptr())
 import fmha_native  # noqa: E402  (after the env var, though it is read per call)
-from bench import make_problem  # noqa: E402  (benchmarks/ is the script's directory)
+from bench import L2_FLUSH_BYTES, make_problem, peer_fn  # noqa: E402  (benchmarks/ is the script's directory)
 
 
 def q(x, f):
@@ -61,7 +60,7 @@ def main():
     ap.add_argument("--reps", type=int, default=9)
     ap.add_argument("--raw", help="save every run's probe records to this .npz")
     args = ap.parse_args()
-    flush = torch.empty(512 << 20, dtype=torch.uint8, device="cuda")
+    flush = torch.empty(L2_FLUSH_BYTES, dtype=torch.uint8, device="cuda")
     saved = {}
     for spec in args.shape or SHAPES:
         b, hq, hkv, sq, sk, d, *forced = (int(x) for x in spec.split(","))
@@ -69,11 +68,7 @@ def main():
         qq, k, v, out, lse = make_problem(b, hq, hkv, sq, sk, d)
         plan = fmha_native.explain(qq, k, v, num_splits=splits)
         ours = lambda: fmha_native.forward(qq, k, v, out=out, lse=lse, num_splits=splits)  # noqa: E731
-        qt, kt, vt = qq.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-
-        def cudnn():
-            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-                F.scaled_dot_product_attention(qt, kt, vt, enable_gqa=hq != hkv)
+        cudnn, _ = peer_fn(SDPBackend.CUDNN_ATTENTION, qq, k, v, False)
         for _ in range(3):
             ours(), cudnn()
         times = {"ours": [], "cudnn": []}
