@@ -167,6 +167,15 @@ struct cta_work {
         return packed ? slot * group + row % group : slot;
     }
     __device__ int64_t kv_head() const { return packed ? slot : slot / group; }
+    /* (query, head) of a row, with 32-bit division where it fits (epilogue only:
+     * in the main loop's address math it costs the prefill kernels registers). */
+    __device__ fmha_qr place(int64_t row) const
+    {
+        if (!packed)
+            return {row, slot};
+        const fmha_qr d = fmha_divide(row, group);
+        return {d.q, slot * group + d.r};
+    }
 };
 
 template <int BLOCK_M, int BLOCK_N, bool CAUSAL, int STREAMS>
@@ -730,7 +739,7 @@ fwd_mma_kernel(const fmha_fwd_params p)
     const bool merge = cfg::streams > 1 && p.stream_splits > 1;
     const merge_area<BLOCK_M, HEAD_DIM> mine(stream_smem);
     if (merge)
-        __syncthreads(); /* every stream is done with its ring, which the merge area reuses */
+        stream_sync(); /* the stream is done with its own ring, which its merge area reuses */
 #pragma unroll
     for (int mt = 0; mt < MT; mt++)
 #pragma unroll
@@ -764,11 +773,17 @@ fwd_mma_kernel(const fmha_fwd_params p)
     if (!merge)
         return;
 
-    /* The streams [first, first + ws) of this split fold their rows in stream order (fold.h). */
+    /*
+     * The streams [first, first + ws) of this split fold their rows in stream
+     * order (fold.h).  It runs once, after the slowest stream, with one warp
+     * per SM sub-partition, so it is all latency: VEC features per item,
+     * 16-byte shared reads, and 32-bit index math.
+     */
     __syncthreads();
     const int ws = p.stream_splits, first = stream - stream % ws;
     auto part = [&](int i) { return merge_area<BLOCK_M, HEAD_DIM>(smem_raw + (first + i) * STREAM_BYTES); };
-    constexpr int VEC = ACC_COLS, PER_ROW = HEAD_DIM / VEC;
+    constexpr int VEC = 8, PER_ROW = HEAD_DIM / VEC;
+    static_assert(HEAD_DIM % VEC == 0 && VEC % ACC_COLS == 0, "items are whole fragments' columns");
     for (int idx = (stream - first) * THREADS + tid; idx < BLOCK_M * PER_ROW; idx += ws * THREADS) {
         const int r = idx / PER_ROW, col = idx % PER_ROW * VEC;
         const int64_t row = w.row0 + r;
@@ -782,15 +797,24 @@ fwd_mma_kernel(const fmha_fwd_params p)
         for (int c = 0; c < VEC; c++)
             acc[c] = 0.f;
         for (int i = 0; top != -INFINITY && i < ws; i++) {
-            const float f = exp2_fast(part(i).lse[r] - top);
+            const merge_area<BLOCK_M, HEAD_DIM> src = part(i);
+            const float f = exp2_fast(src.lse[r] - top);
             total += f;
+            float x[VEC];
+#pragma unroll
+            for (int c = 0; c < VEC; c += 4)
+                *reinterpret_cast<float4 *>(x + c) = *reinterpret_cast<const float4 *>(src.o + r * src.STRIDE + col + c);
 #pragma unroll
             for (int c = 0; c < VEC; c++)
-                acc[c] += weighted(f, part(i).o[r * mine.STRIDE + col + c]);
+                acc[c] += weighted(f, x[c]);
         }
-        const int64_t i = w.query_of(row), h = w.head_of(row);
-        store_row(o_row(i, h), col, acc, top == -INFINITY ? 0.f : 1.f / total);
-        float *slot = col == 0 ? lse_slot(i, h) : nullptr;
+        const fmha_qr ih = w.place(row);
+        const auto dst = o_row(ih.q, ih.r);
+        const float inv = top == -INFINITY ? 0.f : 1.f / total;
+#pragma unroll
+        for (int c = 0; c < VEC; c += ACC_COLS)
+            store_row(dst, col + c, acc + c, inv);
+        float *slot = col == 0 ? lse_slot(ih.q, ih.r) : nullptr;
         if (slot)
             *slot = top == -INFINITY ? -INFINITY : (top + log2f(total)) * LN2;
     }
