@@ -1,0 +1,66 @@
+"""Which kernels one call launches, with their launch shapes: for ours and for
+torch SDPA's cuDNN backend on the decode rows (or the shapes given), under the
+torch profiler, L2 flushed before each call.  Prints, per kernel of the last
+call: name, grid, block, registers per thread, shared memory, duration in us.
+
+    python benchmarks/kernel_grid.py [--shape B,HQ,HKV,SQ,SK,D ...] [--calls N]
+"""
+import argparse
+import json
+import os
+import tempfile
+
+import torch
+from torch.nn.attention import SDPBackend
+from torch.profiler import ProfilerActivity, profile
+
+import fmha_native
+from bench import DECODE_SHAPES, L2_FLUSH_BYTES, make_problem, peer_fn
+
+
+def kernels_of(fn, calls, flush):
+    """Kernel events (name, grid, block, regs, smem, us) of the last of `calls` calls."""
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            flush.zero_()
+            torch.cuda.synchronize()
+            fn()
+            torch.cuda.synchronize()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "trace.json")
+        prof.export_chrome_trace(path)
+        with open(path) as f:
+            events = json.load(f)["traceEvents"]
+    kernels = [e for e in events if e.get("cat") == "kernel"]
+    kernels.sort(key=lambda e: e["ts"])
+    # The flush's kernel opens every call; keep what follows the last one.
+    flush_at = [i for i, e in enumerate(kernels) if "elementwise" in e["name"] or "fill" in e["name"].lower()]
+    last = kernels[flush_at[-1] + 1:] if flush_at else kernels
+    return [(e["name"], e["args"].get("grid"), e["args"].get("block"), e["args"].get("registers per thread"),
+             e["args"].get("shared memory"), e["dur"]) for e in last]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shape", action="append", help="B,HQ,HKV,SQ,SK,D (non-causal)")
+    ap.add_argument("--calls", type=int, default=5)
+    args = ap.parse_args()
+    shapes = [tuple(int(x) for x in s.split(",")) for s in args.shape] if args.shape else \
+        [s[:6] for s in DECODE_SHAPES]
+    flush = torch.empty(L2_FLUSH_BYTES, dtype=torch.uint8, device="cuda")
+    for shape in shapes:
+        q, k, v, out, lse = make_problem(*shape)
+        plan = fmha_native.explain(q, k, v)
+        cudnn, _ = peer_fn(SDPBackend.CUDNN_ATTENTION, q, k, v, False)
+        runs = {f"ours ({plan['num_splits']}x{plan.get('stream_splits', 1)})":
+                lambda: fmha_native.forward(q, k, v, out=out, lse=lse), "cudnn": cudnn}
+        print(f"== {shape}")
+        for who, fn in runs.items():
+            for name, grid, block, regs, smem, us in kernels_of(fn, args.calls, flush):
+                print(f"  {who:12s} {name[:60]:60s} grid={grid} block={block} regs={regs} smem={smem} {us:.1f} us")
+
+
+if __name__ == "__main__":
+    main()
