@@ -538,6 +538,7 @@ template <typename cfg> constexpr int stream_smem_bytes()
 template <int BLOCK_M, int HEAD_DIM> struct merge_area {
     static constexpr int STRIDE = HEAD_DIM + 8; /* floats per O row: conflict-free fragment stores */
     static constexpr int BYTES = (int)sizeof(float) * BLOCK_M * (1 + STRIDE);
+    static_assert(BLOCK_M % 4 == 0 && STRIDE % 4 == 0, "O rows start 16-byte aligned (the fold reads float4s)");
     float *lse, *o;
     __device__ explicit merge_area(unsigned char *base)
     {
