@@ -65,6 +65,8 @@ typedef cudaDeviceProp hipDeviceProp_t;
 #define hipGetDeviceProperties cudaGetDeviceProperties
 #define hipDeviceGetAttribute cudaDeviceGetAttribute
 #define hipDeviceAttributeComputeCapabilityMajor cudaDevAttrComputeCapabilityMajor
+#define hipDeviceAttributeMultiprocessorCount cudaDevAttrMultiProcessorCount
+#define hipDeviceAttribute_t cudaDeviceAttr
 typedef cudaMemPool_t hipMemPool_t;
 typedef cudaMemPoolProps hipMemPoolProps;
 #define hipMemPoolCreate cudaMemPoolCreate
@@ -103,6 +105,19 @@ __device__ __forceinline__ void fmha_wait_prior_grid()
 {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+/*
+ * A global load served by L2, never by the SM's L1: a dependent kernel that
+ * reads lines before fmha_wait_prior_grid() (combine.hip warms its code that
+ * way) reads them again after it with this, so no stale L1 copy can answer.
+ */
+template <typename T> __device__ __forceinline__ T load_l2(const T *p)
+{
+#if defined(__CUDA_ARCH__)
+    return __ldcg(p);
+#else
+    return *p;
 #endif
 }
 __device__ __forceinline__ void fmha_trigger_dependents()

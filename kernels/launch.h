@@ -48,6 +48,9 @@ fmha_status launch_combine(const fmha_combine_params &c, bool after_producer);
  * and a device with programmatic dependent launch (NVIDIA sm_90+). */
 bool overlap_launches(int device);
 
+/* The device's multiprocessors (compute units on AMD); -1 when the runtime cannot say. */
+int multiprocessors(int device);
+
 }  // namespace fmha
 
 #endif /* FMHA_LAUNCH_H */

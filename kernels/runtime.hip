@@ -57,30 +57,40 @@ fmha_status use_device(int device)
     return FMHA_OK;
 }
 
+namespace {
+/* A device attribute, asked once per device (0 in the cache: not asked yet; an
+ * attribute the runtime cannot give reads as -1). */
+int cached_attribute(std::atomic<int> (&cache)[MAX_DEVICES], int device, hipDeviceAttribute_t attr)
+{
+    if (device < 0 || device >= MAX_DEVICES)
+        return -1;
+    int v = cache[device].load(std::memory_order_relaxed);
+    if (v == 0) {
+        if (hipDeviceGetAttribute(&v, attr, device) != hipSuccess || v <= 0) {
+            (void)hipGetLastError();
+            v = -1;
+        }
+        cache[device].store(v, std::memory_order_relaxed);
+    }
+    return v;
+}
+}  // namespace
+
 #if FMHA_DEVICE_IS_AMD
 bool overlap_launches(int) { return false; }
 #else
 bool overlap_launches(int device)
 {
-    if (!FMHA_GPU_OVERLAP_LAUNCH)
-        return false;
-    /* Per device: 0 not asked yet, 1 compute capability 9.0 or newer, -1 older or unknown. */
-    static std::atomic<signed char> known[MAX_DEVICES];
-    if (device < 0 || device >= MAX_DEVICES)
-        return false;
-    signed char k = known[device].load(std::memory_order_relaxed);
-    if (k == 0) {
-        int major = 0;
-        if (hipDeviceGetAttribute(&major, hipDeviceAttributeComputeCapabilityMajor, device) != hipSuccess) {
-            (void)hipGetLastError();
-            major = 0;
-        }
-        k = major >= 9 ? 1 : -1;
-        known[device].store(k, std::memory_order_relaxed);
-    }
-    return k > 0;
+    static std::atomic<int> major[MAX_DEVICES];
+    return FMHA_GPU_OVERLAP_LAUNCH && cached_attribute(major, device, hipDeviceAttributeComputeCapabilityMajor) >= 9;
 }
 #endif
+
+int multiprocessors(int device)
+{
+    static std::atomic<int> count[MAX_DEVICES];
+    return cached_attribute(count, device, hipDeviceAttributeMultiprocessorCount);
+}
 
 #if FMHA_DEVICE_IS_AMD
 #ifndef FMHA_HIP_ARCHS_BUILT
