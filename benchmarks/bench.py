@@ -41,6 +41,10 @@ DECODE_SHAPES = [
 ]
 
 L2_FLUSH_BYTES = 512 << 20
+# "zero": the usual flush (zero a buffer larger than L2), which leaves ~L2-size of
+# dirty lines whose write-back lands in the timed call; "clean": the same, then a read
+# of a second buffer, so the timed call starts with L2 holding only clean lines.
+FLUSH_MODE = "zero"
 
 
 def flops(b, hq, hkv, sq, sk, d, causal):
@@ -57,6 +61,7 @@ def time_all(fns, reps, flush):
     interleaved - each round times every fn once, in a rotated order - so clock
     or thermal drift over the measurement hits all of them alike."""
     scratch = torch.empty(L2_FLUSH_BYTES, dtype=torch.uint8, device="cuda") if flush else None
+    reread = torch.zeros(L2_FLUSH_BYTES // 4, dtype=torch.float32, device="cuda") if flush and FLUSH_MODE == "clean" else None
     names = list(fns)
     for name in names:
         for _ in range(3):
@@ -68,6 +73,8 @@ def time_all(fns, reps, flush):
             name = names[(r + j) % len(names)]
             if flush:
                 scratch.zero_()
+                if reread is not None:
+                    reread.max()
             start = torch.cuda.Event(enable_timing=True)
             end = torch.cuda.Event(enable_timing=True)
             start.record()
@@ -241,9 +248,13 @@ def main():
     ap.add_argument("--no-check", action="store_true")
     ap.add_argument("--only", help="comma list of row indices of the chosen set")
     ap.add_argument("--varlen", action="store_true", help="also the ragged-batch decode row")
+    ap.add_argument("--flush", choices=["zero", "clean"], default="zero",
+                    help="L2 flush before memory-bound runs (see FLUSH_MODE)")
     ap.add_argument("--shape", action="append", metavar="B,HQ,HKV,SQ,SK,D[,causal]",
                     help="benchmark this shape instead of a set (repeatable; causal 0/1)")
     args = ap.parse_args()
+    global FLUSH_MODE
+    FLUSH_MODE = args.flush
     shapes = {"gpu": GPU_SHAPES, "decode": DECODE_SHAPES, "all": GPU_SHAPES + DECODE_SHAPES}[args.set]
     if args.only:
         shapes = [shapes[int(i)] for i in args.only.split(",")]
