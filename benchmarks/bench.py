@@ -56,6 +56,22 @@ def nbytes(b, hq, hkv, sq, sk, d, elem=2):
     return elem * (2 * b * sq * hq * d + 2 * b * sk * hkv * d)
 
 
+def timed_ms(fn, flush=None, reread=None):
+    """One call of fn timed with CUDA events, in ms: after zeroing `flush` (the L2
+    flush buffer) and then reading `reread` (the clean flush), when given."""
+    if flush is not None:
+        flush.zero_()
+    if reread is not None:
+        reread.max()
+    start = torch.cuda.Event(enable_timing=True)
+    end = torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end)
+
+
 def time_all(fns, reps, flush):
     """Median ms of each callable in `fns` (name -> fn).  The runs are
     interleaved - each round times every fn once, in a rotated order - so clock
@@ -71,17 +87,7 @@ def time_all(fns, reps, flush):
     for r in range(reps):
         for j in range(len(names)):
             name = names[(r + j) % len(names)]
-            if flush:
-                scratch.zero_()
-                if reread is not None:
-                    reread.max()
-            start = torch.cuda.Event(enable_timing=True)
-            end = torch.cuda.Event(enable_timing=True)
-            start.record()
-            fns[name]()
-            end.record()
-            end.synchronize()
-            times[name].append(start.elapsed_time(end))
+            times[name].append(timed_ms(fns[name], scratch, reread))
     return {name: statistics.median(t) for name, t in times.items()}
 
 

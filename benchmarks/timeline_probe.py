@@ -23,7 +23,7 @@ COMBINE_AT = 1 << 15
 probe = torch.zeros(1 << 16, dtype=torch.int64, device="cuda")
 os.environ["FMHA_PROBE"] = str(probe.data_ptr())
 import fmha_native  # noqa: E402  (after the env var, though it is read per call)
-from bench import L2_FLUSH_BYTES, make_problem, peer_fn  # noqa: E402  (benchmarks/ is the script's directory)
+from bench import L2_FLUSH_BYTES, make_problem, peer_fn, timed_ms  # noqa: E402  (benchmarks/ is the script's directory)
 
 
 def q(x, f):
@@ -76,13 +76,7 @@ def main():
         for _ in range(args.reps):
             for name, fn in (("ours", ours), ("cudnn", cudnn)):
                 probe.zero_()
-                flush.zero_()
-                e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                e0.record()
-                fn()
-                e1.record()
-                e1.synchronize()
-                times[name].append(e0.elapsed_time(e1) * 1e3)
+                times[name].append(timed_ms(fn, flush) * 1e3)
                 if name == "ours":
                     raw = probe.cpu().numpy().view(np.uint64).astype(np.int64)
                     raws.append(raw[:COMBINE_AT + 4096].copy())

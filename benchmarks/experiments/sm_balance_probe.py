@@ -25,7 +25,7 @@ scale = torch.ones(1024, dtype=torch.float32, device="cuda")
 os.environ["FMHA_PROBE"] = str(probe.data_ptr())
 os.environ["FMHA_SM_SCALE"] = str(scale.data_ptr())
 import fmha_native  # noqa: E402
-from bench import L2_FLUSH_BYTES, make_problem, peer_fn  # noqa: E402
+from bench import L2_FLUSH_BYTES, make_problem, peer_fn, timed_ms  # noqa: E402
 
 SHAPES = [(16, 32, 8, 1, 8192, 128), (1, 32, 8, 1, 131072, 128), (1, 16, 16, 1, 65535, 64),
           (64, 32, 8, 1, 4096, 128)]
@@ -35,13 +35,7 @@ flush = torch.empty(L2_FLUSH_BYTES, dtype=torch.uint8, device="cuda")
 
 def run(fn, with_probe):
     probe.zero_()
-    flush.zero_()
-    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    e0.record()
-    fn()
-    e1.record()
-    e1.synchronize()
-    us = e0.elapsed_time(e1) * 1e3
+    us = timed_ms(fn, flush) * 1e3
     if not with_probe:
         return us, None
     raw = probe.cpu().numpy().view(np.uint64).astype(np.int64)[:COMBINE_AT].reshape(-1, 8)
