@@ -790,24 +790,40 @@ fwd_mma_kernel(const fmha_fwd_params p)
         const int64_t row = w.row0 + r;
         if (row >= w.rows)
             break; /* rows ascend with idx (an idle stream has none) */
-        float top = -INFINITY;
-        for (int i = 0; i < ws; i++)
-            top = nan_max(top, part(i).lse[r]);
+        /* Every stream's LSE and O row are read up front (unrolled to the CTA's
+         * stream count; past ws the reads repeat stream 0's and are not used),
+         * and the max has no branch a read could sink into: the fold waits for
+         * shared memory once, not once per stream. */
+        float lse[cfg::streams], x[cfg::streams][VEC];
+#pragma unroll
+        for (int i = 0; i < cfg::streams; i++) {
+            const merge_area<BLOCK_M, HEAD_DIM> src = part(i < ws ? i : 0);
+            lse[i] = src.lse[r];
+#pragma unroll
+            for (int c = 0; c < VEC; c += 4)
+                *reinterpret_cast<float4 *>(x[i] + c) = *reinterpret_cast<const float4 *>(src.o + r * src.STRIDE + col + c);
+        }
+        float top = lse[0];
+        bool nan = lse[0] != lse[0];
+#pragma unroll
+        for (int i = 1; i < cfg::streams; i++) {
+            top = i < ws ? fmaxf(top, lse[i]) : top;
+            nan = nan || (i < ws && lse[i] != lse[i]);
+        }
+        top = nan ? NAN : top; /* a NaN partial poisons its row (nan_max's rule) */
         float total = 0.f, acc[VEC];
 #pragma unroll
         for (int c = 0; c < VEC; c++)
             acc[c] = 0.f;
-        for (int i = 0; top != -INFINITY && i < ws; i++) {
-            const merge_area<BLOCK_M, HEAD_DIM> src = part(i);
-            const float f = exp2_fast(src.lse[r] - top);
-            total += f;
-            float x[VEC];
 #pragma unroll
-            for (int c = 0; c < VEC; c += 4)
-                *reinterpret_cast<float4 *>(x + c) = *reinterpret_cast<const float4 *>(src.o + r * src.STRIDE + col + c);
+        for (int i = 0; i < cfg::streams; i++) {
+            if (i >= ws || top == -INFINITY)
+                continue;
+            const float f = exp2_fast(lse[i] - top);
+            total += f;
 #pragma unroll
             for (int c = 0; c < VEC; c++)
-                acc[c] += weighted(f, x[c]);
+                acc[c] += weighted(f, x[i][c]);
         }
         const fmha_qr ih = w.place(row);
         const auto dst = o_row(ih.q, ih.r);
