@@ -12,8 +12,13 @@
 
 namespace fmha {
 
-/* max that keeps NaN (fmaxf drops it): a NaN partial must poison its row. */
-__device__ __forceinline__ float nan_max(float a, float b) { return a != a ? a : b != b ? b : fmaxf(a, b); }
+/*
+ * max that keeps NaN (fmaxf drops it): a NaN partial must poison its row.  One
+ * select over values both sides need, so the compiler has no branch to sink the
+ * loads of a or b into (the streams' merge in fwd_mma.h reads all its inputs
+ * first and relies on that).
+ */
+__device__ __forceinline__ float nan_max(float a, float b) { return a != a || b != b ? a + b : fmaxf(a, b); }
 
 /* An empty partial (weight 0) must not multiply whatever it holds. */
 __device__ __forceinline__ float weighted(float weight, float x) { return weight == 0.f ? 0.f : weight * x; }

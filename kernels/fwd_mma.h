@@ -792,8 +792,7 @@ fwd_mma_kernel(const fmha_fwd_params p)
             break; /* rows ascend with idx (an idle stream has none) */
         /* Every stream's LSE and O row are read up front (unrolled to the CTA's
          * stream count; past ws the reads repeat stream 0's and are not used),
-         * and the max has no branch a read could sink into: the fold waits for
-         * shared memory once, not once per stream. */
+         * so the fold waits for shared memory once, not once per stream. */
         float lse[cfg::streams], x[cfg::streams][VEC];
 #pragma unroll
         for (int i = 0; i < cfg::streams; i++) {
@@ -803,14 +802,10 @@ fwd_mma_kernel(const fmha_fwd_params p)
             for (int c = 0; c < VEC; c += 4)
                 *reinterpret_cast<float4 *>(x[i] + c) = *reinterpret_cast<const float4 *>(src.o + r * src.STRIDE + col + c);
         }
-        float top = lse[0];
-        bool nan = lse[0] != lse[0];
+        float top = -INFINITY;
 #pragma unroll
-        for (int i = 1; i < cfg::streams; i++) {
-            top = i < ws ? fmaxf(top, lse[i]) : top;
-            nan = nan || (i < ws && lse[i] != lse[i]);
-        }
-        top = nan ? NAN : top; /* a NaN partial poisons its row (nan_max's rule) */
+        for (int i = 0; i < cfg::streams; i++)
+            top = i < ws ? nan_max(top, lse[i]) : top;
         float total = 0.f, acc[VEC];
 #pragma unroll
         for (int c = 0; c < VEC; c++)
