@@ -746,9 +746,13 @@ fwd_mma_kernel(const fmha_fwd_params p)
 #pragma unroll
         for (int half = 0; half < ACC_ROWS; half++) {
             const int r = warp * WARP_M + mt * MMA_M + acc_row(lane) + half * ACC_ROW_STRIDE;
+            /* l >= 1 when the row saw a key (its max contributes 1), where the
+             * approximate 1/l and log2 l are within an ulp or two; the decode tiles
+             * take them (they are on the path of the stream that ends a split). */
+            constexpr bool FAST = cfg::streams > 1;
             const float l = quad_sum(st.row_sum[mt][half]);
-            const float inv = l == 0.f ? 0.f : 1.f / l;
-            const float lse = l == 0.f ? -INFINITY : st.row_max[mt][half] + log2f(l);
+            const float inv = l == 0.f ? 0.f : FAST ? rcp_fast(l) : 1.f / l;
+            const float lse = l == 0.f ? -INFINITY : st.row_max[mt][half] + (FAST ? log2_fast(l) : log2f(l));
             if (merge) {
                 if (acc_row_leader(lane))
                     mine.lse[r] = lse;
@@ -777,19 +781,40 @@ fwd_mma_kernel(const fmha_fwd_params p)
     /*
      * The streams [first, first + ws) of this split fold their rows in stream
      * order (fold.h).  It runs once, after the slowest stream, with one warp
-     * per SM sub-partition, so it is all latency: VEC features per item,
-     * 16-byte shared reads, and 32-bit index math.
+     * per SM sub-partition, so it is all latency: each thread works out where
+     * its items go before the barrier (the slowest stream is still parking);
+     * an item is 4 features (one 16-byte shared read per stream), so a tile of
+     * 4 valid rows gives every warp of the CTA one (8 features: 0.3 us slower,
+     * (16,32,8,1,8192,128) on the H200), and the 1/total and log2 total are the
+     * approximate ones (total >= 1: the top stream weighs 1).
      */
-    __syncthreads();
     const int ws = p.stream_splits, first = stream - stream % ws;
     auto part = [&](int i) { return merge_area<BLOCK_M, HEAD_DIM>(smem_raw + (first + i) * STREAM_BYTES); };
-    constexpr int VEC = 8, PER_ROW = HEAD_DIM / VEC;
+    constexpr int VEC = 4, PER_ROW = HEAD_DIM / VEC;
     static_assert(HEAD_DIM % VEC == 0 && VEC % ACC_COLS == 0, "items are whole fragments' columns");
-    for (int idx = (stream - first) * THREADS + tid; idx < BLOCK_M * PER_ROW; idx += ws * THREADS) {
-        const int r = idx / PER_ROW, col = idx % PER_ROW * VEC;
-        const int64_t row = w.row0 + r;
-        if (row >= w.rows)
+    /* Items of this thread: idx0 + k * ws * THREADS, at most ITEMS (ws >= 2). */
+    constexpr int ITEMS = (BLOCK_M * PER_ROW + 2 * THREADS - 1) / (2 * THREADS);
+    const int idx0 = (stream - first) * THREADS + tid;
+    decltype(o_row(0, 0)) dst[ITEMS];
+    float *slot[ITEMS];
+    int items = 0;
+#pragma unroll
+    for (int k = 0; k < ITEMS; k++) {
+        const int idx = idx0 + k * ws * THREADS, r = idx / PER_ROW;
+        if (idx >= BLOCK_M * PER_ROW || w.row0 + r >= w.rows)
             break; /* rows ascend with idx (an idle stream has none) */
+        const fmha_qr ih = w.place(w.row0 + r);
+        dst[k] = o_row(ih.q, ih.r);
+        slot[k] = idx % PER_ROW == 0 ? lse_slot(ih.q, ih.r) : nullptr;
+        items = k + 1;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int k = 0; k < ITEMS; k++) {
+        if (k >= items)
+            break;
+        const int idx = idx0 + k * ws * THREADS;
+        const int r = idx / PER_ROW, col = idx % PER_ROW * VEC;
         /* Every stream's LSE and O row are read up front (unrolled to the CTA's
          * stream count; past ws the reads repeat stream 0's and are not used),
          * so the fold waits for shared memory once, not once per stream. */
@@ -820,15 +845,12 @@ fwd_mma_kernel(const fmha_fwd_params p)
             for (int c = 0; c < VEC; c++)
                 acc[c] += weighted(f, x[i][c]);
         }
-        const fmha_qr ih = w.place(row);
-        const auto dst = o_row(ih.q, ih.r);
-        const float inv = top == -INFINITY ? 0.f : 1.f / total;
+        const float inv = top == -INFINITY ? 0.f : rcp_fast(total);
 #pragma unroll
         for (int c = 0; c < VEC; c += ACC_COLS)
-            store_row(dst, col + c, acc + c, inv);
-        float *slot = col == 0 ? lse_slot(ih.q, ih.r) : nullptr;
-        if (slot)
-            *slot = top == -INFINITY ? -INFINITY : (top + log2f(total)) * LN2;
+            store_row(dst[k], col + c, acc + c, inv);
+        if (slot[k])
+            *slot[k] = top == -INFINITY ? -INFINITY : (top + log2_fast(total)) * LN2;
     }
 }
 

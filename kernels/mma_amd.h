@@ -74,6 +74,8 @@ __device__ __forceinline__ float quad_sum(float x)
 }
 
 __device__ __forceinline__ float exp2_fast(float x) { return exp2f(x); }
+__device__ __forceinline__ float log2_fast(float x) { return log2f(x); }
+__device__ __forceinline__ float rcp_fast(float x) { return 1.f / x; }
 
 /*
  * K/V/Q copies into LDS: synchronous 16-byte loads and stores.  The kernel's

@@ -7,6 +7,7 @@
  *   copy_async_16 / copy_async_commit / copy_async_wait<N>   cp.async pipeline
  *   quad_max / quad_sum      reduce the 4 lanes that hold one accumulator row
  *   exp2_fast                ex2.approx (the scale is folded into the scores)
+ *   log2_fast / rcp_fast     lg2.approx / rcp.approx
  *
  * Fragment layout of m16n8k16 (lane = 4 * group + quad_lane):
  *   A: regs {0,1,2,3} hold rows {g, g+8, g, g+8}, cols {2q, 2q, 2q+8, 2q+8} (+1)
@@ -172,6 +173,18 @@ __device__ __forceinline__ float exp2_fast(float x)
 {
     float y;
     asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+__device__ __forceinline__ float log2_fast(float x)
+{
+    float y;
+    asm("lg2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+__device__ __forceinline__ float rcp_fast(float x)
+{
+    float y;
+    asm("rcp.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
     return y;
 }
 
