@@ -2,11 +2,13 @@
 # Kernel-only durations and DRAM traffic of ours and cuDNN on the decode rows,
 # under ncu (L2 flushed and clean before every kernel: no flush write-back),
 # last of 4 calls of each.  Prints one line per kernel of that call.
-#   bash benchmarks/ncu_decode.sh ["B HQ HKV SQ SK D" ...]
+#   [NCU_EXTRA=metric,...] bash benchmarks/ncu_decode.sh ["B HQ HKV SQ SK D" ...]
 set -uo pipefail
 shapes=("$@")
 [ ${#shapes[@]} -eq 0 ] && shapes=("1 16 16 1 65535 64" "1 32 8 1 131072 128" "16 32 8 1 8192 128" "64 32 8 1 4096 128")
 metrics=gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed
+# NCU_EXTRA="metric,metric": more metrics, printed as name=value after each kernel's line
+[ -n "${NCU_EXTRA:-}" ] && metrics="$metrics,$NCU_EXTRA"
 for s in "${shapes[@]}"; do
   for who in ours cudnn; do
     log=$(mktemp)
@@ -31,6 +33,9 @@ for (i, name), m in kernels[-per_call:]:
     tot += t
     print(f"{shape:22s} {who:6s} {name:60s} {t:8.2f} us  read {m['dram__bytes_read.sum']/1e6:7.1f} MB  "
           f"write {m['dram__bytes_write.sum']/1e6:6.1f} MB  dram {m['dram__throughput.avg.pct_of_peak_sustained_elapsed']:5.1f}%")
+    extra = [f"{n}={v:g}" for n, v in m.items() if not n.startswith(("gpu__time", "dram__"))]
+    if extra:
+        print("    " + "  ".join(extra))
 print(f"{shape:22s} {who:6s} {'total':60s} {tot:8.2f} us")
 PY
     cat "$log" >> "${OUT:-/tmp}/ncu_decode.csv"; rm -f "$log"
