@@ -105,6 +105,8 @@ typedef struct fmha_fwd_params {
     int stream_splits;      /* GPU: streams (fmha_config.h) that share one split's key blocks,
                                block j of the split going to stream j % stream_splits, and
                                merge in shared memory; 1, 2 or 4 (CPU: 1) */
+    int kv_read_once;       /* GPU decode tiles: ask L2 to evict the K/V lines they read first
+                               (plan.c says when); 0 = the cache's own replacement */
 
     /* ---- split scratch (backend-owned, used when num_splits >= 2) ----
      * o_accum   [num_splits, batch, seqlen_q, heads_q, head_dim] fp32, contiguous
@@ -184,6 +186,7 @@ typedef struct fmha_plan {
     int pack_gqa;
     int split_blocks;       /* see fmha_fwd_params.split_blocks */
     int stream_splits;      /* see fmha_fwd_params.stream_splits */
+    int kv_read_once;       /* see fmha_fwd_params.kv_read_once */
     int n_gate;
     fmha_gate_item gate[FMHA_GATE_MAX];
     char reason[400];       /* why this kernel and split count (or why unsupported) */

@@ -98,4 +98,16 @@
  * the plain minimum ((5,4,4,512,73544,64) would drop from 8 splits to a slower 3). */
 #define FMHA_GPU_DECODE_SPLIT_TIE 0.97
 
+/*
+ * A decode tile is the only reader of its K/V.  When the K/V bytes of a call total at
+ * most FMHA_GPU_READ_ONCE_L2 times the L2's size, the tiles' copies ask L2 to evict
+ * those lines first (fmha_fwd_params.kv_read_once), so the read leaves what else L2
+ * holds in place: dirty lines of earlier kernels are not written back underneath it.
+ * H200 (60 MB L2), L2 zeroed before each call: reads of 34-134 MB 5-8% faster, 201 MB
+ * 1.5%, 268 MB even, 537 MB and more 4% slower (the dirty lines then stay to the end
+ * and the stream runs in the rest of the L2); with a clean L2, within 1% at every size
+ * (benchmarks/RESULTS.md, ninth session).
+ */
+#define FMHA_GPU_READ_ONCE_L2 4
+
 #endif /* FMHA_CONFIG_H */

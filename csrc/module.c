@@ -1116,6 +1116,7 @@ static PyObject *fwd_explain_dict(const fmha_module_state *st, const fmha_fwd_ca
         dict_put(d, KEY(NUM_SPLITS), PyLong_FromLong(plan->num_splits)) < 0 ||
         dict_put(d, KEY(REQUESTED_SPLITS), PyLong_FromLong(c->num_splits)) < 0 ||
         dict_put(d, KEY(STREAM_SPLITS), PyLong_FromLong(plan->stream_splits)) < 0 ||
+        dict_put(d, KEY(KV_READ_ONCE), PyBool_FromLong(plan->kv_read_once)) < 0 ||
         dict_put(d, KEY(BLOCK_M), PyLong_FromLong(plan->block_m)) < 0 ||
         dict_put(d, KEY(BLOCK_N), PyLong_FromLong(plan->block_n)) < 0 ||
         dict_put(d, KEY(PACK_GQA), PyBool_FromLong(plan->pack_gqa)) < 0 ||

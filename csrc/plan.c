@@ -424,6 +424,13 @@ static void plan_gpu(const fmha_fwd_params *p, const fmha_target *t, int request
     plan->pack_gqa = group > 1 && p->seqlen_q * group <= tiles.block_m;
     plan->block_m = tiles.block_m;
     plan->block_n = tiles.block_n;
+    if (kernel == FMHA_KERNEL_GPU_DECODE && !dev->is_amd && dev->l2_bytes > 0) {
+        /* K and V bytes the tiles read: the real lengths when known, else the capacity */
+        double keys = p->seqlens_k && p->total_keys > 0 ? (double)p->total_keys
+                                                        : (double)p->batch * (double)p->seqlen_k;
+        double kv_bytes = keys * (double)p->heads_kv * (double)p->head_dim * 2.0 * 2.0;
+        plan->kv_read_once = kv_bytes <= FMHA_GPU_READ_ONCE_L2 * (double)dev->l2_bytes;
+    }
 
     int64_t key_blocks = fmha_num_key_blocks(p, tiles.block_n);
     int64_t row_tiles = ceil_div(tile_rows(p, plan->pack_gqa), tiles.block_m);
@@ -443,9 +450,10 @@ static void plan_gpu(const fmha_fwd_params *p, const fmha_target *t, int request
              dtype_name(p->dtype), (long long)p->head_dim, p->causal ? ",causal" : "",
              plan->pack_gqa ? ",pack_gqa" : "", plan->stream_splits > 1 ? "+merge" : "",
              plan->num_splits > 1 ? "+combine" : "");
-    snprintf(plan->reason, sizeof plan->reason, "%s tensor-core tiles %dx%d%s; %s",
+    snprintf(plan->reason, sizeof plan->reason, "%s tensor-core tiles %dx%d%s; %s%s",
              kernel == FMHA_KERNEL_GPU_DECODE ? "decode (few rows per kv head)" : "prefill",
-             tiles.block_m, tiles.block_n, plan->pack_gqa ? ", query heads of a kv head packed" : "", why);
+             tiles.block_m, tiles.block_n, plan->pack_gqa ? ", query heads of a kv head packed" : "", why,
+             plan->kv_read_once ? "; K/V small next to L2: read with evict-first" : "");
 }
 
 fmha_status fmha_plan_make(const fmha_fwd_params *p, const fmha_target *t, int requested_splits,
@@ -466,6 +474,7 @@ void fmha_plan_apply(const fmha_plan *plan, fmha_fwd_params *p)
 {
     p->split_blocks = plan->split_blocks;
     p->stream_splits = plan->stream_splits > 0 ? plan->stream_splits : 1;
+    p->kv_read_once = plan->kv_read_once;
     p->num_splits = plan->num_splits;
     p->block_m = plan->block_m;
     p->block_n = plan->block_n;

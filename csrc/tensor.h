@@ -74,6 +74,7 @@ typedef enum fmha_elem {
     X(NUM_SPLITS, "num_splits")                                                        \
     X(REQUESTED_SPLITS, "requested_splits")                                            \
     X(STREAM_SPLITS, "stream_splits")                                                  \
+    X(KV_READ_ONCE, "kv_read_once")                                                    \
     X(BLOCK_M, "block_m")                                                              \
     X(BLOCK_N, "block_n")                                                              \
     X(PACK_GQA, "pack_gqa")                                                            \

@@ -115,13 +115,23 @@ __device__ __forceinline__ void load_tile(T *smem, const T *any_valid, RowPtr ro
     }
 }
 
+/* 16-byte copies into one shared-memory tile, L2 policy left to the cache (hinted_copy's twin). */
+struct plain_copy {
+    unsigned char *base;
+    __device__ plain_copy(void *tile, uint64_t) : base(static_cast<unsigned char *>(tile)) {}
+    __device__ void operator()(int byte_offset, const void *src, bool valid) const
+    {
+        copy_async_16(base + byte_offset, src, valid);
+    }
+};
+
 /*
  * The same for rows that are evenly spaced in global memory (K and V): one
  * running pointer instead of one per copied chunk, and rows at or past
- * `valid_rows` zero-filled.
+ * `valid_rows` zero-filled; put (plain_copy or hinted_copy) writes the tile.
  */
-template <int ROWS, int HEAD_DIM, int THREADS, typename T>
-__device__ __forceinline__ void load_rows(T *smem, const T *first_row, int64_t row_stride,
+template <int ROWS, int HEAD_DIM, int THREADS, typename T, typename Copy>
+__device__ __forceinline__ void load_rows(const Copy &put, const T *first_row, int64_t row_stride,
                                           int64_t valid_rows, int tid)
 {
     using tile = smem_tile<ROWS, HEAD_DIM>;
@@ -135,7 +145,7 @@ __device__ __forceinline__ void load_rows(T *smem, const T *first_row, int64_t r
     for (int i = 0; i < ROWS / ROWS_PER_PASS; i++, src += pass_stride) {
         const int row = row0 + i * ROWS_PER_PASS;
         const bool valid = row < valid_rows;
-        copy_async_16(smem + tile::offset(row, chunk), valid ? src : first_row, valid);
+        put(tile::offset(row, chunk) * (int)sizeof(T), valid ? src : first_row, valid);
     }
 }
 
@@ -590,12 +600,16 @@ fwd_mma_kernel(const fmha_fwd_params p)
         return q + w.b * p.q_batch_stride + w.query_of(row) * p.q_row_stride +
                w.head_of(row) * p.q_head_stride;
     };
+    /* A decode tile is the only reader of its K/V: the plan may have those lines leave
+     * L2 first (kv_read_once).  Prefill row tiles of a head share K/V through L2. */
+    using kv_copy = std::conditional_t<(cfg::streams > 1), hinted_copy, plain_copy>;
+    const uint64_t kv_policy = p.kv_read_once ? L2_EVICT_FIRST : L2_EVICT_NORMAL;
     auto load_kv = [&](int n_block, int stage) {
         const int64_t key0 = (int64_t)n_block * BLOCK_N;
-        load_rows<BLOCK_N, HEAD_DIM, THREADS>(s_k + stage * kv_tile::ELEMS, k + key0 * p.k_row_stride,
-                                              p.k_row_stride, w.len_k - key0, tid);
-        load_rows<BLOCK_N, HEAD_DIM, THREADS>(s_v + stage * kv_tile::ELEMS, v + key0 * p.v_row_stride,
-                                              p.v_row_stride, w.len_k - key0, tid);
+        load_rows<BLOCK_N, HEAD_DIM, THREADS>(kv_copy(s_k + stage * kv_tile::ELEMS, kv_policy),
+                                              k + key0 * p.k_row_stride, p.k_row_stride, w.len_k - key0, tid);
+        load_rows<BLOCK_N, HEAD_DIM, THREADS>(kv_copy(s_v + stage * kv_tile::ELEMS, kv_policy),
+                                              v + key0 * p.v_row_stride, p.v_row_stride, w.len_k - key0, tid);
     };
 
     /* Prologue: the first K/V block, then Q (its row addresses take longer to work out,

@@ -5,6 +5,7 @@
  *   mma_AB(c, a, b)          c[16x8] += a[16x16] * b[16x8], fp32 accumulate
  *   load_A / load_B / load_B_trans   ldmatrix.x4 fragments from shared memory
  *   copy_async_16 / copy_async_commit / copy_async_wait<N>   cp.async pipeline
+ *   hinted_copy              cp.async with an L2 eviction priority (L2_EVICT_*)
  *   quad_max / quad_sum      reduce the 4 lanes that hold one accumulator row
  *   exp2_fast                ex2.approx (the scale is folded into the scores)
  *   log2_fast / rcp_fast     lg2.approx / rcp.approx
@@ -152,6 +153,38 @@ __device__ __forceinline__ void copy_async_16(void *dst, const void *src, bool v
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)),
                  "l"(src), "r"(src_bytes));
 }
+/*
+ * L2 eviction priority of a copy: the cache-policy words that
+ * createpolicy.fractional.L2::evict_normal / ::evict_first .b64 with fraction 1.0
+ * produce, as constants (ptxas 13.0 can drop a createpolicy whose result it keeps in a
+ * uniform register).  Lines read with L2_EVICT_FIRST are the first to go, so a stream of
+ * them leaves what else the L2 holds in place.
+ */
+constexpr uint64_t L2_EVICT_NORMAL = 0x1000000000000000ull;
+constexpr uint64_t L2_EVICT_FIRST = 0x12F0000000000000ull;
+
+/*
+ * 16-byte copies into one shared-memory tile with an L2 policy:
+ * put(byte offset in the tile, src, valid), zero-filled when !valid.  The tile's base
+ * goes through a shuffle once, so ptxas cannot prove it warp-uniform: when it folds a
+ * uniform base into the copy's address, ptxas 13.0 also leaves the policy's uniform
+ * register unwritten (illegal instruction at run time; device_run.sh's sass stage checks).
+ */
+struct hinted_copy {
+    uint32_t base;
+    uint64_t policy;
+    __device__ hinted_copy(const void *tile, uint64_t l2_policy)
+        : base(__shfl_sync(0xffffffffu, smem_addr(tile), (int)threadIdx.x % WARP_LANES)), policy(l2_policy)
+    {
+    }
+    __device__ void operator()(int byte_offset, const void *src, bool valid) const
+    {
+        int src_bytes = valid ? 16 : 0;
+        asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(
+                         base + (uint32_t)byte_offset),
+                     "l"(src), "r"(src_bytes), "l"(policy));
+    }
+};
 __device__ __forceinline__ void copy_async_commit() { asm volatile("cp.async.commit_group;\n"); }
 template <int N> __device__ __forceinline__ void copy_async_wait()
 {

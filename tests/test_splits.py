@@ -78,6 +78,33 @@ def test_decode_stream_merge(backend, head_dim, group, seqlen_k, lens):
     assert nan_rows[-1, 0, group - 1] and nan_rows.sum() == 1, nan_rows
 
 
+def test_decode_kv_read_once(backend):
+    """GPU decode tiles read K/V with an evict-first L2 policy when the K/V bytes of the call
+    are at most 4x the L2 size (README, explain), counted with the real cache lengths when
+    those are on the host; never on the CPU or for prefill tiles."""
+    if not backend.is_gpu:
+        q, k, v = make_qkv(np.random.default_rng(4270), 1, 1, 512, 8, 2, 64, "f32")
+        assert fmha_native.explain(q, k, v, device="cpu")["kv_read_once"] is False
+        return
+    if not backend.use_torch:
+        pytest.skip("needs torch to build the large device cache")
+    import torch
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    heads_kv, group, head_dim = 8, 4, 128
+    row_bytes = 2 * heads_kv * head_dim * 2  # K and V of one key, 16-bit elements
+    capacity = 4 * l2 // row_bytes + 1024     # just past 4x L2 when every key is read
+    q = torch.zeros(1, 1, heads_kv * group, head_dim, dtype=torch.bfloat16, device="cuda")
+    k = torch.zeros(1, capacity, heads_kv, head_dim, dtype=torch.bfloat16, device="cuda")
+    assert fmha_native.explain(q, k, k)["kv_read_once"] is False
+    short = np.array([capacity // 2], dtype=np.int32)  # the real length, on the host
+    assert fmha_native.explain(q, k, k, cache_seqlens=short)["kv_read_once"] is True
+    small = k[:, :capacity // 8]
+    plan = fmha_native.explain(q, small, small)
+    assert plan["kv_read_once"] is True and "evict-first" in plan["reason"], plan
+    prefill = torch.zeros(1, 64, heads_kv * group, head_dim, dtype=torch.bfloat16, device="cuda")
+    assert fmha_native.explain(prefill, small, small)["kv_read_once"] is False
+
+
 @pytest.mark.parametrize("num_splits", [0, 1, 2, 3, MAX_SPLITS])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_deterministic(backend, num_splits, causal):
