@@ -424,11 +424,11 @@ static void plan_gpu(const fmha_fwd_params *p, const fmha_target *t, int request
     plan->pack_gqa = group > 1 && p->seqlen_q * group <= tiles.block_m;
     plan->block_m = tiles.block_m;
     plan->block_n = tiles.block_n;
+    const int lengths_known = p->seqlens_k && p->total_keys > 0; /* host cache_seqlens */
     if (kernel == FMHA_KERNEL_GPU_DECODE && !dev->is_amd && dev->l2_bytes > 0) {
         /* K and V bytes the tiles read: the real lengths when known, else the capacity */
-        double keys = p->seqlens_k && p->total_keys > 0 ? (double)p->total_keys
-                                                        : (double)p->batch * (double)p->seqlen_k;
-        double kv_bytes = keys * (double)p->heads_kv * (double)p->head_dim * 2.0 * 2.0;
+        double keys = lengths_known ? (double)p->total_keys : (double)p->batch * (double)p->seqlen_k;
+        double kv_bytes = keys * (double)p->heads_kv * (double)p->head_dim * 2.0 /* K, V */ * 2.0 /* bytes */;
         plan->kv_read_once = kv_bytes <= FMHA_GPU_READ_ONCE_L2 * (double)dev->l2_bytes;
     }
 
@@ -439,7 +439,7 @@ static void plan_gpu(const fmha_fwd_params *p, const fmha_target *t, int request
                          kernel == FMHA_KERNEL_GPU_MMA ? FMHA_GPU_MMA_SHARE_COST : 0.0,
                          kernel == FMHA_KERNEL_GPU_DECODE ? FMHA_GPU_DECODE_SPLIT_TIE : 1.0};
     char why[224];
-    if (requested == 0 && p->seqlens_k && p->total_keys > 0 && p->batch > 1)
+    if (requested == 0 && lengths_known && p->batch > 1)
         plan_ragged(p, n_tiles / p->batch, &gpu, key_blocks, &tiles, plan, why, sizeof why);
     else
         plan->num_splits = plan_splits(requested, n_tiles, &gpu, tiles.streams, key_blocks,

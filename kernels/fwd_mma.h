@@ -115,7 +115,8 @@ __device__ __forceinline__ void load_tile(T *smem, const T *any_valid, RowPtr ro
     }
 }
 
-/* 16-byte copies into one shared-memory tile, L2 policy left to the cache (hinted_copy's twin). */
+/* 16-byte copies into one shared-memory tile, L2 policy left to the cache (hinted_copy's
+ * twin, and every copy where the MMA header has no L2 hints). */
 struct plain_copy {
     unsigned char *base;
     __device__ plain_copy(void *tile, uint64_t) : base(static_cast<unsigned char *>(tile)) {}
@@ -602,7 +603,7 @@ fwd_mma_kernel(const fmha_fwd_params p)
     };
     /* A decode tile is the only reader of its K/V: the plan may have those lines leave
      * L2 first (kv_read_once).  Prefill row tiles of a head share K/V through L2. */
-    using kv_copy = std::conditional_t<(cfg::streams > 1), hinted_copy, plain_copy>;
+    using kv_copy = std::conditional_t<HAS_L2_HINTS && (cfg::streams > 1), hinted_copy, plain_copy>;
     const uint64_t kv_policy = p.kv_read_once ? L2_EVICT_FIRST : L2_EVICT_NORMAL;
     auto load_kv = [&](int n_block, int stage) {
         const int64_t key0 = (int64_t)n_block * BLOCK_N;

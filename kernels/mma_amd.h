@@ -86,16 +86,10 @@ __device__ __forceinline__ void copy_async_16(void *dst, const void *src, bool v
 {
     *static_cast<uint4 *>(dst) = valid ? *static_cast<const uint4 *>(src) : make_uint4(0, 0, 0, 0);
 }
-/* mma_nvidia.h's L2-hinted copies; here the policy is ignored (ordinary loads). */
+/* No L2-hinted copies (mma_nvidia.h's hinted_copy): fwd_mma.h copies with plain_copy. */
+constexpr bool HAS_L2_HINTS = false;
 constexpr uint64_t L2_EVICT_NORMAL = 0, L2_EVICT_FIRST = 0;
-struct hinted_copy {
-    unsigned char *base;
-    __device__ hinted_copy(void *tile, uint64_t) : base(static_cast<unsigned char *>(tile)) {}
-    __device__ void operator()(int byte_offset, const void *src, bool valid) const
-    {
-        copy_async_16(base + byte_offset, src, valid);
-    }
-};
+struct hinted_copy; /* never picked without HAS_L2_HINTS */
 __device__ __forceinline__ void copy_async_commit() {}
 template <int N> __device__ __forceinline__ void copy_async_wait() {}
 /* Only the wgmma engine needs a proxy fence. */

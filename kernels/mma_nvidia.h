@@ -5,7 +5,7 @@
  *   mma_AB(c, a, b)          c[16x8] += a[16x16] * b[16x8], fp32 accumulate
  *   load_A / load_B / load_B_trans   ldmatrix.x4 fragments from shared memory
  *   copy_async_16 / copy_async_commit / copy_async_wait<N>   cp.async pipeline
- *   hinted_copy              cp.async with an L2 eviction priority (L2_EVICT_*)
+ *   hinted_copy              cp.async with an L2 eviction priority (L2_EVICT_*, HAS_L2_HINTS)
  *   quad_max / quad_sum      reduce the 4 lanes that hold one accumulator row
  *   exp2_fast                ex2.approx (the scale is folded into the scores)
  *   log2_fast / rcp_fast     lg2.approx / rcp.approx
@@ -160,6 +160,7 @@ __device__ __forceinline__ void copy_async_16(void *dst, const void *src, bool v
  * one at run time).  Lines read with L2_EVICT_FIRST are the first to go, so a stream of
  * them leaves what else the L2 holds in place.
  */
+constexpr bool HAS_L2_HINTS = true;
 constexpr uint64_t L2_EVICT_NORMAL = 0x1000000000000000ull;
 constexpr uint64_t L2_EVICT_FIRST = 0x12F0000000000000ull;
 
