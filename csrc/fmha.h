@@ -101,8 +101,8 @@ typedef struct fmha_fwd_params {
     int kernel;             /* backend-specific kernel id chosen by the planner */
     int split_blocks;       /* GPU: key blocks per split for every batch entry (ragged batches:
                                long entries get more non-empty splits); 0 = each entry's blocks
-                               divided by num_splits.  The splits take the blocks interleaved
-                               (fwd_mma.h make_work), not as contiguous ranges */
+                               divided by num_splits.  Decode tiles' splits take the blocks
+                               interleaved (fwd_mma.h make_work), prefill tiles' contiguous */
     int stream_splits;      /* GPU: streams (fmha_config.h) that share one split's key blocks,
                                block j of the split going to stream j % stream_splits, and
                                merge in shared memory; 1, 2 or 4 (CPU: 1) */

@@ -155,8 +155,8 @@ __device__ __forceinline__ void load_rows(const Copy &put, const T *first_row, i
  * entry, heads, rows, and key blocks.  Stream unit u runs piece u /
  * stream_splits (a tile and a split of its key blocks) and, of that split's
  * blocks, every stream_splits-th from sub = u % stream_splits on.  The splits
- * of a tile interleave: its key blocks go round them in groups of
- * stream_splits, one block per stream.
+ * of a decode tile interleave: its key blocks go round them in groups of
+ * stream_splits, one block per stream (make_work).
  */
 struct cta_work {
     int64_t b;        /* batch entry */
@@ -225,12 +225,23 @@ __device__ __forceinline__ cta_work make_work(const fmha_fwd_params &p, int64_t 
     int64_t n_blocks = (w.len_k + BLOCK_N - 1) / BLOCK_N;
     int64_t per_split = p.split_blocks > 0 ? p.split_blocks
                                            : fmha_divide(n_blocks + p.num_splits - 1, p.num_splits).q;
-    /* The splits that hold blocks (fewer than num_splits when the blocks run out).  They
-     * interleave: group g of ws blocks goes to split g % used, so all the splits of a tile
-     * walk the keys together - one moving window of K/V in DRAM instead of one per split
-     * (0.5-2% faster on split decode rows than contiguous ranges). */
-    const int64_t used = per_split > 0 ? fmha_divide(n_blocks + per_split - 1, per_split).q : 0;
-    int64_t end = w.split < used ? n_blocks : 0;
+    /* Decode tiles: the splits interleave.  Of the `used` splits that hold blocks (fewer
+     * than num_splits when the blocks run out), split s takes groups s, s + used, ... of
+     * ws blocks, so all the splits of a tile walk the keys together: one moving window of
+     * K/V in DRAM instead of one per split (0.5-2% faster on the split decode rows).
+     * Prefill tiles (one stream) keep contiguous ranges and a step the compiler sees is
+     * 1: interleaved, they were ~1% slower. */
+    int64_t first, step, end;
+    if constexpr (STREAMS > 1) {
+        const int64_t used = per_split > 0 ? fmha_divide(n_blocks + per_split - 1, per_split).q : 0;
+        first = (int64_t)w.split * ws + sub;
+        step = used * ws;
+        end = w.split < used ? n_blocks : 0;
+    } else {
+        first = w.split * per_split;
+        step = 1;
+        end = first + per_split < n_blocks ? first + per_split : n_blocks;
+    }
     if (CAUSAL) {
         /* The last row of the tile sees keys up to last_query + len_k - seqlen_q. */
         int64_t last_row = (w.row0 + BLOCK_M < w.rows ? w.row0 + BLOCK_M : w.rows) - 1;
@@ -238,10 +249,9 @@ __device__ __forceinline__ cta_work make_work(const fmha_fwd_params &p, int64_t 
         int64_t visible = last_key < 0 ? 0 : last_key / BLOCK_N + 1;
         end = end < visible ? end : visible;
     }
-    /* Of the split's blocks, this stream's: every ws-th, from sub on. */
-    w.n_first = w.split * ws + sub;
-    w.n_step = (int)used * ws;
-    w.n_count = end > w.n_first ? (int)((end - w.n_first + w.n_step - 1) / w.n_step) : 0;
+    w.n_first = (int)first;
+    w.n_step = (int)step;
+    w.n_count = end > first ? (int)((end - first + step - 1) / step) : 0;
     return w;
 }
 
