@@ -216,7 +216,7 @@ def numpy_include():
 
 
 ext = Extension(
-    "fmha_native._C",
+    "_fmha_native",
     sources=HOST_SOURCES,
     depends=HEADERS + KERNEL_SOURCES,
     include_dirs=["csrc", numpy_include()],

@@ -57,7 +57,7 @@ fi
 phase "code objects embedded"
 mkdir -p "$WORK/site"
 python3 -m zipfile -e "$WORK"/wheel/fmha_native-*.whl "$WORK/site"
-SO=$(ls "$WORK"/site/fmha_native/_C*.so)
+SO=$(ls "$WORK"/site/_fmha_native*.so)
 roc-obj-ls "$SO" | awk '{print $2}' | sort | uniq -c
 for arch in ${REQUIRED_ARCHS//;/ }; do
     if ! roc-obj-ls "$SO" | awk '{print $2}' | grep -qx "hipv4-amdgcn-amd-amdhsa--$arch"; then

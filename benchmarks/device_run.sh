@@ -21,7 +21,7 @@ if has build; then
   (cd /tmp && python3 -c "import fmha_native as f; print(f.info())")
 fi
 if has sass; then
-  so=$(cd /tmp && python3 -c "import fmha_native._C as c; print(c.__file__)")
+  so=$(cd /tmp && python3 -c "import _fmha_native as c; print(c.__file__)")
   cuobjdump --dump-sass "$so" > "$OUT/sass.txt" 2>&1
   echo "sass: $(grep -c HGMMA "$OUT/sass.txt") HGMMA, $(grep -c HMMA "$OUT/sass.txt") HMMA, $(grep -cE 'LDL|STL' "$OUT/sass.txt") LDL/STL"
   python3 benchmarks/sass_policy_check.py "$OUT/sass.txt" || status=1

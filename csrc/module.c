@@ -1,5 +1,5 @@
 /*
- * module.c: the CPython extension fmha_native._C.
+ * module.c: the CPython extension _fmha_native (imported by fmha_native as _C).
  *
  * Owns the Python-facing functions forward, explain, combine and info: the
  * argument parsing, every validation of the public contract (DESIGN.md
@@ -1650,7 +1650,7 @@ static PyModuleDef_Slot fmha_slots[] = {
 
 static struct PyModuleDef fmha_module = {
     PyModuleDef_HEAD_INIT,
-    .m_name = "fmha_native._C",
+    .m_name = "_fmha_native",
     .m_doc = "fmha_native's C extension: fused multi-head attention forward with split-K.",
     .m_size = sizeof(fmha_module_state),
     .m_methods = fmha_methods,
@@ -1660,4 +1660,4 @@ static struct PyModuleDef fmha_module = {
     .m_free = fmha_free,
 };
 
-PyMODINIT_FUNC PyInit__C(void) { return PyModuleDef_Init(&fmha_module); }
+PyMODINIT_FUNC PyInit__fmha_native(void) { return PyModuleDef_Init(&fmha_module); }

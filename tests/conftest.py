@@ -1,7 +1,7 @@
 """pytest configuration: the backend fixture and the report header.
 
-The package lives under src/, so from the repository root `import fmha_native` finds
-the installed one (`pip install ".[test]"`), never a source tree without its _C.
+From the repository root `import fmha_native` finds the tree's Python files and the
+compiled _fmha_native that `pip install ".[test]"` installed.
 """
 import os
 

@@ -1,6 +1,6 @@
 """fmha_native: fused multi-head attention forward with native split-K kernels.
 
-This module is the Python glue around the C extension ``fmha_native._C``: it
+This module is the Python glue around the C extension ``_fmha_native``: it
 re-exports the extension's functions and, for callers that hand in torch or
 CuPy arrays, picks the caller's current stream and allocates the outputs with
 the caller's own library, so results come back as the caller's kind of array.
@@ -12,7 +12,15 @@ Layout: q [batch, seqlen_q, heads_q, head_dim], k and v
 [batch, seqlen_k, heads_kv, head_dim]; out like q; lse float32
 [batch, heads_q, seqlen_q] (natural log).  See DESIGN.md for the contract.
 """
-from . import _C
+# The extension is a top-level module, not fmha_native._C: from a source checkout
+# (the repository root on sys.path) this package is the tree's own copy of the
+# Python files, and it still finds the compiled part that `pip install .` put in
+# site-packages.
+try:
+    import _fmha_native as _C
+except ImportError as exc:  # pragma: no cover - a setup problem, said plainly
+    raise ImportError("fmha_native's compiled extension _fmha_native is missing: install the "
+                      "package with `pip install .` from the repository root") from exc
 
 FmhaError = _C.FmhaError
 Tensor = _C.Tensor
