@@ -5,9 +5,11 @@ Timing: CUDA events around each call after warm-up, median of --reps runs, ours
 and the peers interleaved round by round; for memory-bound shapes (few query
 rows) the L2 is flushed before every run.
 Prints ms, TFLOP/s (4*B*Hq*Sq*Sk*D, halved for causal square), effective GB/s
-(Q+K+V+O bytes once) and our split count, then writes JSON with --json.
+(Q+K+V+O bytes once) and our plan (splits x walkers per split), then writes JSON
+with --json (benchmarks/results_tables.py renders it for RESULTS.md).
 
-    python benchmarks/bench.py [--set gpu|decode|all] [--json out.json] [--plot out.png]
+    python benchmarks/bench.py [--set gpu|decode|all] [--varlen] [--json out.json] [--plot out.png]
+    python benchmarks/bench.py --shape 1,32,8,1,131072,128 --shape 8,16,16,8192,8192,64,1
 """
 import argparse
 import json
@@ -45,6 +47,12 @@ L2_FLUSH_BYTES = 512 << 20
 # dirty lines whose write-back lands in the timed call; "clean": the same, then a read
 # of a second buffer, so the timed call starts with L2 holding only clean lines.
 FLUSH_MODE = "zero"
+
+
+def walkers_per_split(plan):
+    """Warp groups that walk one split's key blocks side by side (explain()'s
+    walkers_per_split; trees before the rename call it stream_splits)."""
+    return plan.get("walkers_per_split", plan.get("stream_splits", 1))
 
 
 def flops(b, hq, hkv, sq, sk, d, causal):
@@ -146,7 +154,7 @@ def bench_shape(shape, reps, check):
     q, k, v, out, lse = make_problem(b, hq, hkv, sq, sk, d)
     flush = sq * hq // hkv <= 64
     plan = fmha_native.explain(q, k, v, causal=causal)
-    row = {"shape": list(shape), "splits": plan["num_splits"], "stream_splits": plan.get("stream_splits", 1),
+    row = {"shape": list(shape), "splits": plan["num_splits"], "walkers_per_split": walkers_per_split(plan),
            "kernel": plan["kernel"]}
 
     def ours():
@@ -213,7 +221,7 @@ def print_table(rows):
     for r in rows:
         shape = "(" + ",".join(str(int(x)) if not isinstance(x, bool) else ("c" if x else "nc")
                                for x in r["shape"]) + ")"
-        split = f"{r['splits']}x{r.get('stream_splits', 1)}"
+        split = f"{r['splits']}x{r.get('walkers_per_split', r.get('stream_splits', 1))}"
         x_cudnn = r["cudnn_ms"] / r["ours_ms"] if r.get("cudnn_ms") else None
         print(f"{shape:36s} {split:>7s} {r['ours_ms']:9.4f} {fmt(r.get('flash_ms'), '9.4f')} "
               f"{fmt(r.get('cudnn_ms'), '9.4f')} {r['ours_tflops']:8.1f} {r['ours_gbs']:7.0f} "

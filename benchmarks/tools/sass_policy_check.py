@@ -2,7 +2,7 @@
 
 ptxas 13.0 can emit `LDGSTS ... desc[URn]` without any instruction that writes URn (the
 copy then faults with an illegal instruction); kernels/mma_nvidia.h's hinted_copy avoids the
-pattern, and this check keeps it that way.  Usage: python sass_policy_check.py sass.txt
+pattern, and this check keeps it that way.  Usage: python benchmarks/tools/sass_policy_check.py sass.txt
 Prints one line; exits 1 when some function has such a copy.
 """
 import re

@@ -4,20 +4,24 @@ words, one word per thread written) is timed in the same process and rounds as o
 and cuDNN, over a few launch shapes, access patterns and L2 policies; the best of
 them bounds what an attention kernel could reach on this machine and flush.
 
-    python benchmarks/read_floor.py [--flush zero|clean] [--reps 30] [--shape B,HQ,HKV,SQ,SK,D ...]
+    python benchmarks/tools/read_floor.py [--flush zero|clean] [--reps 30] [--shape B,HQ,HKV,SQ,SK,D ...]
 
 Needs cupy (the read kernel is compiled with NVRTC).  Every read configuration is
 checked once: the XOR of its outputs must equal the XOR of K and V computed on the host.
 """
 import argparse
 import itertools
+import os
+import sys
 
 import cupy as cp
 import numpy as np
 import torch
 
-import bench
 import fmha_native
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # benchmarks/
+import bench  # noqa: E402
 
 SOURCE = r"""
 typedef unsigned long long u64;

@@ -2,7 +2,7 @@
 # Kernel-only durations and DRAM traffic of ours and cuDNN on the decode rows,
 # under ncu (L2 flushed and clean before every kernel: no flush write-back),
 # last of 4 calls of each.  Prints one line per kernel of that call.
-#   [NCU_EXTRA=metric,...] bash benchmarks/ncu_decode.sh ["B HQ HKV SQ SK D" ...]
+#   [NCU_EXTRA=metric,...] bash benchmarks/tools/ncu_decode.sh ["B HQ HKV SQ SK D" ...]
 set -uo pipefail
 shapes=("$@")
 [ ${#shapes[@]} -eq 0 ] && shapes=("1 16 16 1 65535 64" "1 32 8 1 131072 128" "16 32 8 1 8192 128" "64 32 8 1 4096 128")
@@ -13,7 +13,7 @@ for s in "${shapes[@]}"; do
   for who in ours cudnn; do
     log=$(mktemp)
     PEER=$([ $who = cudnn ] && echo cudnn) ncu --clock-control none --print-units base --metrics $metrics --csv \
-      python3 benchmarks/profile_case.py $s 0 0 4 > "$log" 2>/dev/null
+      python3 benchmarks/tools/profile_case.py $s 0 0 4 > "$log" 2>/dev/null
     # the kernels of the last call: the last launches after the warm-up ones
     python3 - "$log" "$s" "$who" <<'PY'
 import csv, sys, collections

@@ -3,11 +3,12 @@ torch SDPA's cuDNN backend on the decode rows (or the shapes given), under the
 torch profiler, L2 flushed before each call.  Prints, per kernel of the last
 call: name, grid, block, registers per thread, shared memory, duration in us.
 
-    python benchmarks/kernel_grid.py [--shape B,HQ,HKV,SQ,SK,D ...] [--calls N]
+    python benchmarks/tools/kernel_grid.py [--shape B,HQ,HKV,SQ,SK,D ...] [--calls N]
 """
 import argparse
 import json
 import os
+import sys
 import tempfile
 
 import torch
@@ -15,7 +16,9 @@ from torch.nn.attention import SDPBackend
 from torch.profiler import ProfilerActivity, profile
 
 import fmha_native
-from bench import DECODE_SHAPES, L2_FLUSH_BYTES, make_problem, peer_fn
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # benchmarks/
+from bench import DECODE_SHAPES, L2_FLUSH_BYTES, make_problem, peer_fn, walkers_per_split  # noqa: E402
 
 
 def kernels_of(fn, calls, flush):
@@ -54,7 +57,7 @@ def main():
         q, k, v, out, lse = make_problem(*shape)
         plan = fmha_native.explain(q, k, v)
         cudnn, _ = peer_fn(SDPBackend.CUDNN_ATTENTION, q, k, v, False)
-        runs = {f"ours ({plan['num_splits']}x{plan.get('stream_splits', 1)})":
+        runs = {f"ours ({plan['num_splits']}x{walkers_per_split(plan)})":
                 lambda: fmha_native.forward(q, k, v, out=out, lse=lse), "cudnn": cudnn}
         print(f"== {shape}")
         for who, fn in runs.items():

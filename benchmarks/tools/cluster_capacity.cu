@@ -1,6 +1,6 @@
 // How many thread-block clusters of a given size fit on the GPU at once, for CTAs of
 // 128 threads and a given dynamic shared memory size (1, 2 or 3 CTAs per SM), from
-// cudaOccupancyMaxActiveClusters.  nvcc -arch=sm_90a cluster_capacity.cu && ./a.out
+// cudaOccupancyMaxActiveClusters.  nvcc -arch=sm_90a benchmarks/tools/cluster_capacity.cu -o /tmp/cc && /tmp/cc
 #include <cstdio>
 #include <cuda_runtime.h>
 

@@ -3,7 +3,7 @@ first runs warm up, ncu then profiles the launches it is told to.  PEER=cudnn
 or PEER=flash in the environment runs torch SDPA with that backend instead of
 fmha_native (same tensors, its [B, H, S, D] views), to profile a peer's kernels.
 
-    python benchmarks/profile_case.py B HQ HKV SQ SK D causal [num_splits] [reps]
+    python benchmarks/tools/profile_case.py B HQ HKV SQ SK D causal [num_splits] [reps]
 """
 import os
 import sys

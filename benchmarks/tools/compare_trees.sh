@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Compare source trees' speed in one device call: build each tree in place (in
+# parallel), then run the same benchmark (this tree's benchmarks/bench.py) on each,
+# round-robin, so drift shows up as a difference between rounds of one tree; last, a
+# table of every row's ours_ms per tree (median over rounds) and new/old ratios.
+#   bash benchmarks/tools/compare_trees.sh "<bench.py args>" ROUNDS TREE...
+# Trees are copies of the repository made here before the call (untracked, so they
+# travel with the working tree; delete them before committing), e.g. the tree before
+# the layout redesign next to this one:
+#   mkdir -p trees/old && git archive 19aff45 | tar -x -C trees/old
+#   bash benchmarks/tools/compare_trees.sh "--set all" 3 trees/old .
+# Every tree's package is imported as `fmha_native`, so the trees cannot share a
+# process: each round runs one process per tree, one after the other.  A tree is
+# put first on PYTHONPATH at its src/ when it has one (trees before the redesign:
+# src/fmha_native with the extension fmha_native._C), else at its root (fmha_native/
+# and the top-level extension _fmha_native); the processes start in /tmp, so the
+# repository root of the calling tree does not shadow them.
+# JSON of every run goes to $OUT/compare/<tree>_<round>.json.
+set -uo pipefail
+export PYTHONUNBUFFERED=1
+bench_args=$1 rounds=$2; shift 2
+here=$(pwd)
+out=${OUT:-/tmp/fmha_out}/compare
+mkdir -p "$out"
+tree_path() { if [ -d "$here/$1/src/fmha_native" ]; then echo "$here/$1/src"; else echo "$here/$1"; fi; }
+tag() { echo "$1" | tr -c 'A-Za-z0-9_\n' '_'; }
+bash "$here/benchmarks/tools/build_trees.sh" "$@"
+for r in $(seq "$rounds"); do
+  for t in "$@"; do
+    echo "== $t (round $r)"
+    # shellcheck disable=SC2086  # bench_args is a list of options
+    (cd /tmp && PYTHONPATH="$(tree_path "$t")" python3 "$here/benchmarks/bench.py" --no-check $bench_args \
+       --json "$out/$(tag "$t")_$r.json" 2>/dev/null | tail -n +3)
+  done
+done
+python3 - "$out" "$@" <<'PY'
+import glob, json, os, statistics, sys
+out, trees = sys.argv[1], sys.argv[2:]
+tag = lambda t: "".join(c if c.isalnum() or c == "_" else "_" for c in t)
+ms = {}
+for t in trees:
+    for path in glob.glob(os.path.join(out, tag(t) + "_*.json")):
+        for row in json.load(open(path))["rows"]:
+            ms.setdefault(tuple(row["shape"]), {}).setdefault(t, []).append(row["ours_ms"])
+print("median ours_ms over rounds; ratio = tree / " + trees[0])
+print(f"{'shape':40s}" + "".join(f"{t[-14:]:>16s}" for t in trees) + "".join(f"{'ratio ' + t[-8:]:>16s}" for t in trees[1:]))
+for shape, per in ms.items():
+    med = [statistics.median(per[t]) if t in per else None for t in trees]
+    cells = "".join(f"{m:16.4f}" if m is not None else f"{'-':>16s}" for m in med)
+    ratios = "".join(f"{m / med[0]:16.3f}" if m is not None and med[0] else f"{'-':>16s}" for m in med[1:])
+    print(f"{str(shape):40s}{cells}{ratios}")
+PY
