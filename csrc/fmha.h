@@ -201,6 +201,8 @@ typedef struct fmha_target {
     int num_threads;                 /* CPU */
     const fmha_device_info *device;  /* GPU; NULL when no device is visible */
     int gpu_compiled;                /* a GPU backend is built into this module */
+    const char *hip_archs_built;     /* AMD: ';'-separated gcnArchName prefixes with code
+                                        objects; NULL = this build's (FMHA_HIP_ARCHS_BUILT) */
 } fmha_target;
 
 /*

@@ -22,6 +22,7 @@
 
 #include "fmha.h"
 #include "fmha_config.h"
+#include "explain.h"
 #include "tensor.h"
 
 /* log2(e): the kernels compute exp(x) as exp2(x * log2(e)). */
@@ -1002,14 +1003,7 @@ static int fwd_prepare(fmha_module_state *st, fmha_fwd_call *c)
     }
     c->backend = want_gpu ? FMHA_BACKEND_GPU : FMHA_BACKEND_CPU;
     if (c->empty) {
-        memset(&c->plan, 0, sizeof c->plan);
-        c->plan.backend = c->backend;
-        c->plan.supported = 1;
-        c->plan.num_splits = 1;
-        c->plan.stream_splits = 1;
-        snprintf(c->plan.kernel, sizeof c->plan.kernel, "none");
-        snprintf(c->plan.reason, sizeof c->plan.reason,
-                 "empty problem (batch or seqlen_q is 0): nothing runs");
+        /* nothing runs: no plan (explain says so) */
         c->plan_status = FMHA_OK;
         return 0;
     }
@@ -1025,139 +1019,6 @@ static int fwd_prepare(fmha_module_state *st, fmha_fwd_call *c)
     if (c->plan_status != FMHA_OK && c->plan_status != FMHA_ERR_UNSUPPORTED)
         return fmha_raise_status(st, c->plan_status, "planning");
     return 0;
-}
-
-static int dict_put(PyObject *dict, PyObject *key, PyObject *value)
-{
-    if (!value)
-        return -1;
-    int rc = PyDict_SetItem(dict, key, value);
-    Py_DECREF(value);
-    return rc;
-}
-
-static PyObject *gate_dict(const fmha_module_state *st, const fmha_plan *plan)
-{
-    PyObject *gate = PyDict_New(), *item = NULL;
-    if (!gate)
-        return NULL;
-    for (int i = 0; i < plan->n_gate; i++) {
-        item = PyDict_New();
-        if (!item ||
-            dict_put(item, st->names[FMHA_NAME_MET], PyBool_FromLong(plan->gate[i].met)) < 0 ||
-            dict_put(item, st->names[FMHA_NAME_WHY], PyUnicode_FromString(plan->gate[i].why)) < 0 ||
-            PyDict_SetItemString(gate, plan->gate[i].name, item) < 0)
-            goto fail;
-        Py_CLEAR(item);
-    }
-    return gate;
-fail:
-    Py_XDECREF(item);
-    Py_DECREF(gate);
-    return NULL;
-}
-
-/* "name: met/NOT met (why); ..." for messages. */
-static void gate_text(const fmha_plan *plan, char *buf, size_t len)
-{
-    size_t used = 0;
-    buf[0] = '\0';
-    for (int i = 0; i < plan->n_gate && used < len; i++)
-        used += (size_t)snprintf(buf + used, len - used, "%s%s: %s (%s)", i ? "; " : "",
-                                 plan->gate[i].name, plan->gate[i].met ? "met" : "NOT met",
-                                 plan->gate[i].why);
-}
-
-static void raise_unsupported(const fmha_fwd_call *c)
-{
-    char gate[FMHA_MSG_GATE];
-    gate_text(&c->plan, gate, sizeof gate);
-    const char *hint = "";
-    if (c->plan.backend == FMHA_BACKEND_GPU) {
-        if (c->q.on_gpu)
-            hint = " The CPU backend runs it: pass host arrays with device=\"cpu\".";
-        else if (!strstr(c->plan.reason, "device=\"cpu\""))
-            hint = " device=\"cpu\" runs it on the CPU backend.";
-    }
-    PyErr_Format(PyExc_NotImplementedError, "the %s backend cannot run this problem: %s [gate: "
-                 "%s].%s", c->plan.backend == FMHA_BACKEND_GPU ? "GPU" : "CPU", c->plan.reason,
-                 gate, hint);
-}
-
-static int dict_set(PyObject *dict, const char *key, PyObject *value)
-{
-    if (!value)
-        return -1;
-    int rc = PyDict_SetItemString(dict, key, value);
-    Py_DECREF(value);
-    return rc;
-}
-
-static PyObject *fwd_explain_dict(const fmha_module_state *st, const fmha_fwd_call *c)
-{
-    const fmha_fwd_params *p = &c->p;
-    const fmha_plan *plan = &c->plan;
-#define KEY(id) st->names[FMHA_NAME_##id]
-    PyObject *d = PyDict_New(), *rejected = NULL;
-    if (!d)
-        return NULL;
-    int gpu = c->backend == FMHA_BACKEND_GPU;
-    char rejected_reason[sizeof plan->reason + sizeof c->gpu_plan.reason + FMHA_MSG_SHORT];
-    const char *reason = plan->reason;
-    if (c->gpu_rejected) {
-        snprintf(rejected_reason, sizeof rejected_reason, "the GPU gate is not met (%s); "
-                 "running on the CPU: %s", c->gpu_plan.reason, plan->reason);
-        reason = rejected_reason;
-    }
-    if (dict_put(d, KEY(BACKEND), PyUnicode_FromString(gpu ? "gpu" : "cpu")) < 0 ||
-        dict_put(d, KEY(SUPPORTED), PyBool_FromLong(c->plan_status == FMHA_OK)) < 0 ||
-        dict_put(d, KEY(KERNEL), PyUnicode_FromString(plan->kernel)) < 0 ||
-        dict_put(d, KEY(KERNEL_ID), PyLong_FromLong(plan->kernel_id)) < 0 ||
-        dict_put(d, KEY(NUM_SPLITS), PyLong_FromLong(plan->num_splits)) < 0 ||
-        dict_put(d, KEY(REQUESTED_SPLITS), PyLong_FromLong(c->num_splits)) < 0 ||
-        dict_put(d, KEY(STREAM_SPLITS), PyLong_FromLong(plan->stream_splits)) < 0 ||
-        dict_put(d, KEY(KV_READ_ONCE), PyBool_FromLong(plan->kv_read_once)) < 0 ||
-        dict_put(d, KEY(BLOCK_M), PyLong_FromLong(plan->block_m)) < 0 ||
-        dict_put(d, KEY(BLOCK_N), PyLong_FromLong(plan->block_n)) < 0 ||
-        dict_put(d, KEY(PACK_GQA), PyBool_FromLong(plan->pack_gqa)) < 0 ||
-        dict_put(d, KEY(REASON), PyUnicode_FromString(reason)) < 0 ||
-        dict_put(d, KEY(GATE), gate_dict(st, plan)) < 0 ||
-        dict_put(d, KEY(BATCH), PyLong_FromLongLong(p->batch)) < 0 ||
-        dict_put(d, KEY(SEQLEN_Q), PyLong_FromLongLong(p->seqlen_q)) < 0 ||
-        dict_put(d, KEY(SEQLEN_K), PyLong_FromLongLong(p->seqlen_k)) < 0 ||
-        dict_put(d, KEY(HEADS_Q), PyLong_FromLongLong(p->heads_q)) < 0 ||
-        dict_put(d, KEY(HEADS_KV), PyLong_FromLongLong(p->heads_kv)) < 0 ||
-        dict_put(d, KEY(HEAD_DIM), PyLong_FromLongLong(p->head_dim)) < 0 ||
-        dict_put(d, KEY(DTYPE), PyUnicode_FromString(fmha_elem_name(c->q.elem))) < 0 ||
-        dict_put(d, KEY(CAUSAL), PyBool_FromLong(p->causal)) < 0 ||
-        dict_put(d, KEY(SOFTMAX_SCALE), PyFloat_FromDouble(p->softmax_scale)) < 0 ||
-        dict_put(d, KEY(KV_CACHE), PyBool_FromLong(c->seqlens.present)) < 0 ||
-        dict_put(d, KEY(SEQLEN_NEW), PyLong_FromLongLong(p->seqlen_new)) < 0)
-        goto fail;
-    if (gpu && c->dev_info) {
-        if (dict_put(d, KEY(DEVICE), PyUnicode_FromString(c->dev_info->name)) < 0 ||
-            dict_put(d, KEY(DEVICE_ORDINAL), PyLong_FromLong(c->gpu_device)) < 0 ||
-            dict_put(d, KEY(ARCH), PyUnicode_FromString(c->dev_info->arch)) < 0 ||
-            dict_put(d, KEY(SM_COUNT), PyLong_FromLong(c->dev_info->sm_count)) < 0 ||
-            dict_put(d, KEY(INPUTS_ON_HOST), PyBool_FromLong(!c->q.on_gpu)) < 0)
-            goto fail;
-    } else {
-        if (dict_put(d, KEY(DEVICE), PyUnicode_FromString("cpu")) < 0 ||
-            dict_put(d, KEY(CPU_THREADS), PyLong_FromLong(fmha_cpu_num_threads())) < 0 ||
-            dict_put(d, KEY(CPU_SIMD), PyUnicode_FromString(fmha_cpu_simd_name())) < 0)
-            goto fail;
-    }
-    if (c->gpu_rejected) {
-        rejected = Py_BuildValue("{s:s,s:s,s:N}", "kernel", c->gpu_plan.kernel, "reason",
-                                 c->gpu_plan.reason, "gate", gate_dict(st, &c->gpu_plan));
-        if (dict_put(d, KEY(GPU_REJECTED), rejected) < 0)
-            goto fail;
-    }
-    return d;
-fail:
-    Py_DECREF(d);
-    return NULL;
-#undef KEY
 }
 
 /* Copy host memory to the GPU, or point the CPU backend at usable memory. */
@@ -1211,16 +1072,44 @@ static void fill_no_keys(fmha_fwd_call *c)
         fmha_tensor_fill_host(&c->lse, &neg_inf);
 }
 
+/* The call as explain.c describes it. */
+static fmha_explain_input explain_input(const fmha_fwd_call *c, fmha_target *target,
+                                        fmha_target *gpu_target)
+{
+    memset(target, 0, sizeof *target);
+    target->backend = c->backend;
+    target->num_threads = fmha_cpu_num_threads();
+    target->device = c->backend == FMHA_BACKEND_GPU ? c->dev_info : NULL;
+    target->gpu_compiled = fmha_gpu_compiled();
+    *gpu_target = *target;
+    gpu_target->backend = FMHA_BACKEND_GPU;
+    gpu_target->device = c->dev_info;
+    fmha_explain_input in = {
+        .p = &c->p, .target = target, .plan = &c->plan,
+        .plan_ok = c->plan_status == FMHA_OK, .requested_splits = c->num_splits,
+        .dtype_name = fmha_elem_name(c->q.elem), .kv_cache = c->seqlens.present,
+        .inputs_on_host = !c->q.on_gpu, .device_ordinal = c->gpu_device,
+        .gpu_rejected = c->gpu_rejected ? &c->gpu_plan : NULL,
+        .gpu_rejected_target = c->gpu_rejected ? gpu_target : NULL, .empty = c->empty,
+    };
+    return in;
+}
+
+static PyObject *raise_unsupported(const fmha_fwd_call *c)
+{
+    fmha_target target, gpu_target;
+    fmha_explain_input in = explain_input(c, &target, &gpu_target);
+    return fmha_explain_raise_unsupported(&in);
+}
+
 static PyObject *fwd_run(fmha_module_state *st, fmha_fwd_call *c)
 {
     int gpu = c->backend == FMHA_BACKEND_GPU;
     int out_on_gpu = c->q.on_gpu;
     int64_t lse_shape[3] = {c->p.batch, c->p.heads_q, c->p.seqlen_q};
 
-    if (c->plan_status == FMHA_ERR_UNSUPPORTED) {
-        raise_unsupported(c);
-        return NULL;
-    }
+    if (c->plan_status == FMHA_ERR_UNSUPPORTED)
+        return raise_unsupported(c);
     /* Outputs: the caller's, or new ones where the inputs live. */
     if (c->out_arg != Py_None) {
         Py_INCREF(c->out_arg);
@@ -1250,10 +1139,8 @@ static PyObject *fwd_run(fmha_module_state *st, fmha_fwd_call *c)
         fwd_fill_pointers(c);
         /* The same question again on the memory the backend will really see. */
         fmha_status status = plan_for(c, c->backend, 1, &c->plan);
-        if (status == FMHA_ERR_UNSUPPORTED) {
-            raise_unsupported(c);
-            return NULL;
-        }
+        if (status == FMHA_ERR_UNSUPPORTED)
+            return raise_unsupported(c);
         if (fmha_raise_status(st, status, "planning") < 0)
             return NULL;
         fmha_plan_apply(&c->plan, &c->p);
@@ -1313,7 +1200,13 @@ static PyObject *fmha_forward(PyObject *module, PyObject *const *args, Py_ssize_
     return fwd_call(module, "forward", args, nargs, kwnames, fwd_run);
 }
 
-static PyObject *fwd_explain(fmha_module_state *st, fmha_fwd_call *c) { return fwd_explain_dict(st, c); }
+static PyObject *fwd_explain(fmha_module_state *st, fmha_fwd_call *c)
+{
+    (void)st;
+    fmha_target target, gpu_target;
+    fmha_explain_input in = explain_input(c, &target, &gpu_target);
+    return fmha_explain_dict(&in);
+}
 
 static PyObject *fmha_explain(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
                               PyObject *kwnames)
@@ -1554,13 +1447,13 @@ static PyObject *fmha_info(PyObject *module, PyObject *unused)
             goto fail;
         Py_CLEAR(dev);
     }
-    if (dict_set(d, "version", PyUnicode_FromString(FMHA_VERSION)) < 0 ||
+    if (fmha_dict_set(d, "version", PyUnicode_FromString(FMHA_VERSION)) < 0 ||
         PyDict_SetItemString(d, "backends", backends) < 0 ||
         PyDict_SetItemString(d, "devices", devices) < 0 ||
-        dict_set(d, "gpu_platform", PyUnicode_FromString(fmha_gpu_platform())) < 0 ||
-        dict_set(d, "cpu_threads", PyLong_FromLong(fmha_cpu_num_threads())) < 0 ||
-        dict_set(d, "cpu_simd", PyUnicode_FromString(fmha_cpu_simd_name())) < 0 ||
-        dict_set(d, "max_splits", PyLong_FromLong(FMHA_MAX_SPLITS)) < 0)
+        fmha_dict_set(d, "gpu_platform", PyUnicode_FromString(fmha_gpu_platform())) < 0 ||
+        fmha_dict_set(d, "cpu_threads", PyLong_FromLong(fmha_cpu_num_threads())) < 0 ||
+        fmha_dict_set(d, "cpu_simd", PyUnicode_FromString(fmha_cpu_simd_name())) < 0 ||
+        fmha_dict_set(d, "max_splits", PyLong_FromLong(FMHA_MAX_SPLITS)) < 0)
         goto fail;
     Py_DECREF(backends);
     Py_DECREF(devices);
@@ -1606,6 +1499,8 @@ static PyMethodDef fmha_methods[] = {
     {"combine", (PyCFunction)(void (*)(void))fmha_combine, METH_FASTCALL | METH_KEYWORDS,
      combine_doc},
     {"info", fmha_info, METH_NOARGS, info_doc},
+    {"_plan_for_device", (PyCFunction)(void (*)(void))fmha_explain_plan_for_device,
+     METH_VARARGS | METH_KEYWORDS, "Private: the planner on a described GPU (explain.h)."},
     {NULL, NULL, 0, NULL},
 };
 

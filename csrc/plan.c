@@ -349,10 +349,10 @@ static int gpu_ctas_per_sm(const fmha_device_info *dev, int kernel, int row, int
  * Launching without a code object would make the HIP runtime abort, so both
  * the gate here and the launcher (kernels/runtime.hip) ask this first.
  */
-int fmha_hip_arch_built(const char *arch)
+static int arch_in_list(const char *arch, const char *list)
 {
     size_t len = strcspn(arch, ":");
-    for (const char *p = FMHA_HIP_ARCHS_BUILT; *p;) {
+    for (const char *p = list; *p;) {
         size_t n = strcspn(p, ";");
         if (n == len && strncmp(p, arch, len) == 0)
             return 1;
@@ -360,6 +360,8 @@ int fmha_hip_arch_built(const char *arch)
     }
     return 0;
 }
+
+int fmha_hip_arch_built(const char *arch) { return arch_in_list(arch, FMHA_HIP_ARCHS_BUILT); }
 
 static void plan_gpu(const fmha_fwd_params *p, const fmha_target *t, int requested,
                      fmha_plan *plan)
@@ -379,9 +381,10 @@ static void plan_gpu(const fmha_fwd_params *p, const fmha_target *t, int request
         gate_add(plan, "arch", ok, "compute capability %d.%d %s 8.0 (mma.sync m16n8k16, cp.async)",
                  dev->cc_major, dev->cc_minor, ok ? ">=" : "<");
     } else if (dev) {
-        int ok = fmha_hip_arch_built(dev->arch);
+        const char *built = t->hip_archs_built ? t->hip_archs_built : FMHA_HIP_ARCHS_BUILT;
+        int ok = arch_in_list(dev->arch, built);
         gate_add(plan, "arch", ok, "%s %s the archs built (%s)", dev->arch,
-                 ok ? "is among" : "is not among", FMHA_HIP_ARCHS_BUILT);
+                 ok ? "is among" : "is not among", built);
     }
 
     int dt_ok = p->dtype == FMHA_DTYPE_F16 || p->dtype == FMHA_DTYPE_BF16;

@@ -51,15 +51,15 @@ def test_heuristic_split_count_in_range(backend, seqlen_q, seqlen_k, batch, head
     assert isinstance(plan["reason"], str) and plan["reason"]
 
 
-# Decode problems with few tiles: on the GPU the heuristic lets the warps of a decode CTA
-# share one split and merge in shared memory (explain: stream_splits > 1), alone (short
-# keys) or under the split-K combine (long keys); lens include 0 and a length shorter than
-# one key block, so some streams see no key at all.
+# Decode problems with few tiles: on the GPU the heuristic lets the walkers (warps) of a
+# decode CTA share one split and merge in shared memory (explain: walkers_per_split > 1),
+# alone (short keys) or under the split-K combine (long keys); lens include 0 and a length
+# shorter than one key block, so some walkers see no key at all.
 @pytest.mark.parametrize("seqlen_k,lens", [(512, None), (20000, None), (3000, [0, 5, 2999, 1700])],
                          ids=["merge", "merge+combine", "ragged"])
 @pytest.mark.parametrize("group", [1, 4, 8])
 @pytest.mark.parametrize("head_dim", [64, 128])
-def test_decode_stream_merge(backend, head_dim, group, seqlen_k, lens):
+def test_decode_walker_merge(backend, head_dim, group, seqlen_k, lens):
     dtype = "bf16" if backend.is_gpu else "f32"
     rng = np.random.default_rng(4250 + head_dim + group + seqlen_k)
     batch = 1 if lens is None else len(lens)
@@ -70,9 +70,9 @@ def test_decode_stream_merge(backend, head_dim, group, seqlen_k, lens):
     plan = fmha_native.explain(backend.put(q), backend.put(k), backend.put(v), **backend.device_kw(),
                                **{key: backend.put(val) for key, val in kw.items()})
     if backend.is_gpu:
-        assert plan["stream_splits"] > 1, plan["reason"]
+        assert plan["walkers_per_split"] > 1, plan["reason"]
     else:
-        assert plan["stream_splits"] == 1
+        assert plan["walkers_per_split"] == 1
     out, _ = check_forward(backend, q, k, v, dtype, **kw)
     nan_rows = np.isnan(out).any(axis=-1)
     assert nan_rows[-1, 0, group - 1] and nan_rows.sum() == 1, nan_rows

@@ -1,0 +1,59 @@
+/*
+ * explain.h: the only place plans become words.
+ *
+ * The planner (plan.c) answers in numbers and reason codes; this file turns
+ * one planned call into the dict that fmha_native.explain() returns, into
+ * the NotImplementedError that forward() raises for a problem no backend
+ * here runs, and serves the private hook _plan_for_device that plans for a
+ * described GPU (CPU CI tests the GPU planner through it).
+ */
+#ifndef FMHA_EXPLAIN_H
+#define FMHA_EXPLAIN_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include "fmha.h"
+
+/* One planned call, as the binding layer saw it. */
+typedef struct fmha_explain_input {
+    const fmha_fwd_params *p;       /* problem fields (batch ... seqlen_new, softmax_scale) */
+    const fmha_target *target;      /* where the plan is for (CPU threads or the GPU's facts) */
+    const fmha_plan *plan;          /* the plan; ignored when `empty` */
+    int plan_ok;                    /* the plan's status was FMHA_OK */
+    int requested_splits;           /* the caller's num_splits (0 = heuristic) */
+    const char *dtype_name;         /* of q, in the user's terms ("float16") */
+    int kv_cache;                   /* cache_seqlens was given */
+    int inputs_on_host;             /* GPU plans: q was a host array (copied to the GPU) */
+    int device_ordinal;             /* GPU plans */
+    const fmha_plan *gpu_rejected;  /* GPU plan the CPU replaced (device=None), or NULL */
+    const fmha_target *gpu_rejected_target; /* the target of that plan, or NULL */
+    int empty;                      /* batch or seqlen_q is 0: nothing runs, no plan made */
+} fmha_explain_input;
+
+/* d[key] = value, dropping the reference to value (the caller's new reference);
+ * -1 when value is NULL (its exception stands) or the store fails. */
+int fmha_dict_set(PyObject *d, const char *key, PyObject *value);
+
+/* The explain() dict of one planned call; NULL with an exception set on failure. */
+PyObject *fmha_explain_dict(const fmha_explain_input *in);
+
+/* Set NotImplementedError for a plan whose gate is not met (always returns NULL,
+ * so callers can `return fmha_explain_raise_unsupported(&in);`). */
+PyObject *fmha_explain_raise_unsupported(const fmha_explain_input *in);
+
+/*
+ * _fmha_native._plan_for_device(problem: dict, device: dict, num_splits=0) -> dict
+ * Plans a problem for a described GPU as if its kernels were compiled in and
+ * returns the explain() dict.  Private: for tests of the planner without a GPU.
+ * problem: batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, dtype
+ * ("float16", "bfloat16", "float32"), causal, and for a KV cache cache_seqlens
+ * (list of ints) and seqlen_new.
+ * device: name, arch, cc (major, minor), is_amd, sm_count, warp_size,
+ * l2_bytes, max_smem_per_block, max_smem_per_sm, ctas_per_sm
+ * ({"prefill"|"decode": [per tile-table row]}), archs_built (AMD: list of
+ * gcnArchName prefixes the kernels were built for; default this build's).
+ */
+PyObject *fmha_explain_plan_for_device(PyObject *module, PyObject *args, PyObject *kwargs);
+
+#endif /* FMHA_EXPLAIN_H */
