@@ -4,7 +4,8 @@
  * Owns our own declaration of the DLPack 1.0 structs (written from the
  * specification at dmlc.github.io/dlpack and the Python array API's
  * "data interchange" page), the flag bits, the device and dtype codes we use,
- * and the four PyCapsule names of the Python exchange protocol.  Only the
+ * the four PyCapsule names of the Python exchange protocol, and the stream
+ * numbers that protocol gives special meanings.  Only the
  * layout matters for interoperability, so the enum-typed fields of the
  * specification are declared here as fixed-width integers of the same size;
  * the static assertions at the bottom pin the layout.
@@ -26,6 +27,13 @@
 #define FMHA_DLPACK_CAPSULE_VERSIONED "dltensor_versioned"
 #define FMHA_DLPACK_CAPSULE_VERSIONED_USED "used_dltensor_versioned"
 
+/* The legacy default stream as a DLPack `stream` argument: CUDA reserves 0
+ * (ambiguous) and names the legacy stream 1; ROCm names its default stream 0. */
+#define FMHA_DLPACK_CUDA_LEGACY_STREAM 1
+#define FMHA_DLPACK_ROCM_DEFAULT_STREAM 0
+/* A consumer passing stream=-1 asks the producer not to synchronise. */
+#define FMHA_DLPACK_NO_SYNC_STREAM (-1)
+
 /* DLDeviceType values (the subset that matters to us, numbered as in the spec). */
 enum {
     kDLCPU = 1,
@@ -45,6 +53,18 @@ enum {
     kDLBfloat = 4,
     kDLComplex = 5,
     kDLBool = 6,
+    /* DLPack 1.1: the low-precision float kinds, each a code of its own. */
+    kDLFloat8_e3m4 = 7,
+    kDLFloat8_e4m3 = 8,
+    kDLFloat8_e4m3b11fnuz = 9,
+    kDLFloat8_e4m3fn = 10,
+    kDLFloat8_e4m3fnuz = 11,
+    kDLFloat8_e5m2 = 12,
+    kDLFloat8_e5m2fnuz = 13,
+    kDLFloat8_e8m0fnu = 14,
+    kDLFloat6_e2m3fn = 15,
+    kDLFloat6_e3m2fn = 16,
+    kDLFloat4_e2m1fn = 17,
 };
 
 /* DLManagedTensorVersioned.flags bits. */

@@ -2,13 +2,13 @@
  * tensor.h: one view of a caller's tensor, whatever exported it.
  *
  * Owns fmha_tensor (data pointer, shape, element strides, dtype, where it
- * lives, read-only flag, and what must be released), its construction from
- * the buffer protocol or DLPack, the host copies and device staging that
- * make any caller layout acceptable to the backends, and fmha_native.Tensor,
- * the small DLPack producer for device outputs of callers the Python glue
- * does not know.  Every function that can fail sets a Python exception and
- * returns -1 (or NULL); the views are released with fmha_tensor_close on every
- * path.
+ * lives, read-only flag, which producer made it and what must be released),
+ * the dispatch of fmha_tensor_open to the producer files (host_array.c for
+ * NumPy and the buffer protocol, dlpack_out.c for our own Tensor, torch.c and
+ * dlpack_in.c for DLPack), the overlap checks, and the host copies and device
+ * staging that make any caller layout acceptable to the backends.  Every
+ * function that can fail sets a Python exception and returns -1 (or NULL);
+ * the views are released with fmha_tensor_close on every path.
  */
 #ifndef FMHA_TENSOR_H
 #define FMHA_TENSOR_H
@@ -18,137 +18,32 @@
 
 #include <stdint.h>
 
+#include "dlpack.h"
 #include "fmha.h"
+#include "module.h"
 
 /* More dimensions than any argument of ours has (combine's outs has 5). */
 #define FMHA_TENSOR_MAX_NDIM 8
 
-/* Element types a view can hold: the three of fmha_dtype, plus int32 for
- * cache_seqlens. */
+/* Element types a view can hold: the three of fmha_dtype, int32 for
+ * cache_seqlens, and OTHER for every dtype no argument accepts (the view is
+ * still made, so that validation can name the argument, what it expects and
+ * what it got: fmha_tensor_dtype_name). */
 typedef enum fmha_elem {
     FMHA_ELEM_F16 = FMHA_DTYPE_F16,
     FMHA_ELEM_BF16 = FMHA_DTYPE_BF16,
     FMHA_ELEM_F32 = FMHA_DTYPE_F32,
     FMHA_ELEM_I32 = 3,
+    FMHA_ELEM_OTHER = 4,
 } fmha_elem;
 
-/*
- * Python names the hot paths look up on every call, interned once at module
- * init so that a lookup is a pointer-keyed dict probe rather than a new
- * string, a hash and an intern-table probe.  X(id, "text").
- */
-#define FMHA_NAMES(X)                                                                  \
-    X(DLPACK, "__dlpack__")                                                            \
-    X(DLPACK_DEVICE, "__dlpack_device__")                                              \
-    X(STREAM, "stream")                                                                \
-    X(MAX_VERSION, "max_version")                                                      \
-    X(DTYPE, "dtype")                                                                  \
-    X(EMPTY, "empty")                                                                  \
-    X(NUMPY, "numpy")                                                                  \
-    X(TORCH, "torch")                                                                  \
-    X(REQUIRES_GRAD, "requires_grad")                                                  \
-    X(IS_CONJ, "is_conj")                                                              \
-    X(LAYOUT, "layout")                                                                \
-    X(IS_CPU, "is_cpu")                                                                \
-    X(IS_CUDA, "is_cuda")                                                              \
-    X(GET_DEVICE, "get_device")                                                        \
-    /* argument names of forward/explain/combine (besides those below) */              \
-    X(Q, "q")                                                                          \
-    X(K, "k")                                                                          \
-    X(V, "v")                                                                          \
-    X(RETURN_LSE, "return_lse")                                                        \
-    X(OUT, "out")                                                                      \
-    X(LSE, "lse")                                                                      \
-    X(CACHE_SEQLENS, "cache_seqlens")                                                  \
-    X(K_NEW, "k_new")                                                                  \
-    X(V_NEW, "v_new")                                                                  \
-    X(OUTS, "outs")                                                                    \
-    X(LSES, "lses")                                                                    \
-    X(MET, "met")                                                                      \
-    X(WHY, "why")                                                                      \
-    /* explain() keys (besides dtype) */                                               \
-    X(BACKEND, "backend")                                                              \
-    X(SUPPORTED, "supported")                                                          \
-    X(KERNEL, "kernel")                                                                \
-    X(KERNEL_ID, "kernel_id")                                                          \
-    X(NUM_SPLITS, "num_splits")                                                        \
-    X(REQUESTED_SPLITS, "requested_splits")                                            \
-    X(STREAM_SPLITS, "stream_splits")                                                  \
-    X(KV_READ_ONCE, "kv_read_once")                                                    \
-    X(BLOCK_M, "block_m")                                                              \
-    X(BLOCK_N, "block_n")                                                              \
-    X(PACK_GQA, "pack_gqa")                                                            \
-    X(REASON, "reason")                                                                \
-    X(GATE, "gate")                                                                    \
-    X(BATCH, "batch")                                                                  \
-    X(SEQLEN_Q, "seqlen_q")                                                            \
-    X(SEQLEN_K, "seqlen_k")                                                            \
-    X(HEADS_Q, "heads_q")                                                              \
-    X(HEADS_KV, "heads_kv")                                                            \
-    X(HEAD_DIM, "head_dim")                                                            \
-    X(CAUSAL, "causal")                                                                \
-    X(SOFTMAX_SCALE, "softmax_scale")                                                  \
-    X(KV_CACHE, "kv_cache")                                                            \
-    X(SEQLEN_NEW, "seqlen_new")                                                        \
-    X(DEVICE, "device")                                                                \
-    X(DEVICE_ORDINAL, "device_ordinal")                                                \
-    X(ARCH, "arch")                                                                    \
-    X(SM_COUNT, "sm_count")                                                            \
-    X(INPUTS_ON_HOST, "inputs_on_host")                                                \
-    X(CPU_THREADS, "cpu_threads")                                                      \
-    X(CPU_SIMD, "cpu_simd")                                                            \
-    X(GPU_REJECTED, "gpu_rejected")
-
-typedef enum fmha_name {
-#define FMHA_NAME_ENUM(id, text) FMHA_NAME_##id,
-    FMHA_NAMES(FMHA_NAME_ENUM)
-#undef FMHA_NAME_ENUM
-    FMHA_NAME_COUNT
-} fmha_name;
-
-/*
- * torch entry points for the DLPack fast path of exact torch.Tensor inputs
- * (tensor.c, torch_fast_capsule), resolved the first time such a tensor is seen.
- * torch.Tensor.__dlpack__ and __dlpack_device__ are Python functions costing
- * microseconds each (tens on CUDA, where __dlpack__ also builds stream
- * objects); the fast path performs their checks in C and calls the exporter
- * they end in.  state: 0 not resolved yet, 1 usable, -1 unusable (an entry
- * point is missing: every torch tensor takes the generic DLPack path).
- */
-typedef struct fmha_torch_hooks {
-    int state;
-    PyObject *tensor_type;        /* torch.Tensor */
-    PyObject *strided;            /* torch.strided */
-    PyObject *to_dlpack;          /* torch._C._to_dlpack_versioned, what __dlpack__ calls */
-    PyObject *has_torch_function; /* torch._C._has_torch_function_unary */
-    PyObject *current_device;     /* torch.cuda.current_device (NULL: no CUDA fast path) */
-    PyObject *current_stream;     /* torch._C._cuda_getCurrentRawStream (NULL: likewise) */
-} fmha_torch_hooks;
-
-/* Per-module state (multi-phase init): what both module.c and tensor.c raise,
- * create or look up. */
-typedef struct fmha_module_state {
-    PyObject *error;            /* fmha_native.FmhaError (RuntimeError) */
-    PyTypeObject *tensor_type;  /* fmha_native.Tensor */
-    PyObject *names[FMHA_NAME_COUNT]; /* interned FMHA_NAMES */
-    PyObject *dlpack_version;   /* (FMHA_DLPACK_MAJOR_VERSION, FMHA_DLPACK_MINOR_VERSION) */
-    PyObject *kw_stream_version; /* ("stream", "max_version"): __dlpack__ keyword names */
-    PyObject *kw_version;       /* ("max_version",) */
-    PyObject *kw_stream;        /* ("stream",) */
-    PyObject *kw_dtype;         /* ("dtype",): numpy.empty's keyword */
-    fmha_torch_hooks torch;
-} fmha_module_state;
-
-/* Fill the names and constant tuples of st (module init); 0 or -1. */
-int fmha_state_init(fmha_module_state *st);
-
-/* GC support for what fmha_state_init and the torch hooks hold. */
-int fmha_state_traverse(fmha_module_state *st, visitproc visit, void *arg);
-void fmha_state_clear(fmha_module_state *st);
-
-/* Raise the exception that status means (FMHA_OK raises nothing and returns
- * 0); what names the operation.  Returns -1 otherwise. */
-int fmha_raise_status(const fmha_module_state *st, fmha_status status, const char *what);
+/* Which producer made a view: decides how its dtype is named. */
+typedef enum fmha_source {
+    FMHA_SOURCE_NUMPY = 0,      /* a NumPy array (NumPy C API) */
+    FMHA_SOURCE_BUFFER = 1,     /* another buffer-protocol exporter */
+    FMHA_SOURCE_DLPACK = 2,     /* a DLPack capsule (torch, CuPy, JAX, ...) */
+    FMHA_SOURCE_TENSOR = 3,     /* our own fmha_native.Tensor */
+} fmha_source;
 
 /* Flags of fmha_tensor_open. */
 #define FMHA_OPEN_WRITE 1u /* we will write into it: it must be writable and not a copy */
@@ -162,7 +57,7 @@ int fmha_raise_status(const fmha_module_state *st, fmha_status status, const cha
  */
 typedef struct fmha_open_ctx {
     void *stream;               /* the launch stream; NULL = the default stream */
-    fmha_module_state *state;   /* this module's state, or NULL (generic paths only) */
+    fmha_module_state *state;   /* this module's state */
     int torch_device;           /* CUDA ordinal whose current device and stream were
                                    found to match this call; -1 = none checked */
 } fmha_open_ctx;
@@ -173,7 +68,7 @@ void fmha_open_ctx_init(fmha_open_ctx *ctx, fmha_module_state *state, void *stre
 typedef struct fmha_tensor {
     const char *name;           /* the argument's name, for messages */
     fmha_elem elem;
-    size_t itemsize;
+    size_t itemsize;            /* bytes per element (1 for sub-byte OTHER dtypes) */
     int ndim;
     int64_t shape[FMHA_TENSOR_MAX_NDIM];
 
@@ -190,9 +85,12 @@ typedef struct fmha_tensor {
     int on_gpu;                 /* 1: device memory of GPU device_id */
     int device_id;
     int readonly;
-    int from_buffer;            /* 1: from the buffer protocol (a NumPy-like host array) */
+    fmha_source source;
+    int from_buffer;            /* module.c's name for source == FMHA_SOURCE_NUMPY (until it moves) */
+    DLDataType dl_dtype;        /* FMHA_SOURCE_DLPACK: the producer's dtype */
 
     /* ---- ownership (released by fmha_tensor_close) ---- */
+    PyObject *array;            /* FMHA_SOURCE_NUMPY: the array (strong reference) */
     Py_buffer buffer;           /* valid when has_buffer */
     int has_buffer;
     void *dl_managed;           /* a consumed DLManagedTensor(Versioned): we call its deleter */
@@ -208,12 +106,13 @@ typedef struct fmha_tensor {
 void fmha_tensor_init(fmha_tensor *t, const char *name);
 
 /*
- * View obj: buffer protocol first (NumPy, incl. ml_dtypes bfloat16), else
- * DLPack (exact torch.Tensor through the torch fast path when it applies),
- * else TypeError naming the argument.  ctx->state must be set.  Checks only what the view
- * itself needs: a supported dtype and device, at most FMHA_TENSOR_MAX_NDIM
- * dimensions, strides that are whole elements, and writability under
- * FMHA_OPEN_WRITE.  Returns 0, or -1 with an exception set and t released.
+ * View obj: our own Tensor, a NumPy array (incl. ml_dtypes bfloat16), the
+ * buffer protocol of an object without DLPack, else DLPack (exact
+ * torch.Tensor through the torch fast path when it applies), else TypeError
+ * naming the argument.  Checks only what the view itself needs: a supported
+ * device, at most FMHA_TENSOR_MAX_NDIM dimensions, strides that are whole
+ * elements, and writability under FMHA_OPEN_WRITE; the dtype is checked by
+ * validation.  Returns 0, or -1 with an exception set and t released.
  */
 int fmha_tensor_open(PyObject *obj, unsigned flags, fmha_open_ctx *ctx, fmha_tensor *t);
 
@@ -233,8 +132,19 @@ int fmha_tensor_self_overlaps(const fmha_tensor *t);
 /* 1 when the caller's memory is compact row-major. */
 int fmha_tensor_is_compact(const fmha_tensor *t);
 
-/* Name of the element type ("float16", "bfloat16", "float32", "int32"). */
+/* Name of an element type we compute with ("float16", "bfloat16", "float32",
+ * "int32"). */
 const char *fmha_elem_name(fmha_elem elem);
+
+/* Bytes per element of an element type we compute with. */
+size_t fmha_elem_size(fmha_elem elem);
+
+/* The view's dtype as its user knows it ("float64", "big-endian float32",
+ * "int64", ...), whichever producer made it; into buf, which it returns. */
+const char *fmha_tensor_dtype_name(const fmha_tensor *t, char *buf, size_t len);
+
+/* Room for fmha_tensor_dtype_name. */
+#define FMHA_DTYPE_NAME_LEN 80
 
 /*
  * Host arrays for the CPU backend: when a stride is negative, the data is
@@ -259,19 +169,23 @@ void fmha_tensor_host_writeback(fmha_tensor *t);
 fmha_status fmha_tensor_stage(fmha_tensor *t, int device, void *stream, int upload);
 fmha_status fmha_tensor_download(fmha_tensor *t);
 
-/* ---- fmha_native.Tensor: device memory we allocated, exported by DLPack ---- */
-
-extern PyType_Spec fmha_device_tensor_spec;
+/* ---- for the producer files' open functions ---- */
 
 /*
- * A new uninitialised fmha_native.Tensor of compact shape on GPU device,
- * allocated in stream order on stream.  NULL with an exception on failure.
+ * Shared end of every producer's open, once shape, strides, data, dtype and
+ * device are set: checks the shape, makes strides of size-1 dimensions
+ * canonical, rejects byte sizes that overflow and writes to read-only memory
+ * under FMHA_OPEN_WRITE, and records the caller's memory.  0 or -1.
  */
-PyObject *fmha_device_tensor_new(const fmha_module_state *st, int device, void *stream,
-                                 int ndim, const int64_t *shape, fmha_elem elem);
+int fmha_tensor_finish_view(fmha_tensor *t, unsigned flags);
 
-/* After a launch on stream wrote t: when t is a fmha_native.Tensor, later
- * consumers on other streams must wait for stream. */
-void fmha_tensor_mark_written(fmha_tensor *t, void *stream);
+/* Row-major strides (in elements) of shape. */
+void fmha_compact_strides(int ndim, const int64_t *shape, int64_t *strides);
+
+/* The "at most FMHA_TENSOR_MAX_NDIM dimensions" error; returns -1. */
+int fmha_tensor_raise_ndim(const fmha_tensor *t, int ndim);
+
+/* module.c still reaches the Tensor producer through this header. */
+#include "dlpack_out.h"
 
 #endif /* FMHA_TENSOR_H */
