@@ -8,7 +8,13 @@
  *
  * Shared-memory operands are 64-column panels of 128-byte rows with the
  * 128-byte swizzle (16-byte chunk c of row r at c ^ (r % 8)), panels
- * 1024-byte aligned: the layout smem_desc() describes.
+ * 1024-byte aligned: the layout smem_desc() describes, and the layout the
+ * tensor-memory-access engine (TMA) writes with CU_TENSOR_MAP_SWIZZLE_128B.
+ *
+ * Also here, for the warp-specialized kernel (fwd_sm90.h): mbarriers, TMA
+ * tensor loads and stores, named barriers, setmaxnreg, and the host-side
+ * tensor-map encoder (fetched from the driver through the runtime, so no
+ * driver library is linked).
  */
 #ifndef FMHA_MMA_SM90_H
 #define FMHA_MMA_SM90_H
@@ -17,6 +23,9 @@
 #include "mma_nvidia.h"
 
 #include <stdint.h>
+#if !FMHA_DEVICE_IS_AMD
+#include <cuda.h> /* CUtensorMap and its enums only: no driver function is linked */
+#endif
 
 namespace fmha {
 
@@ -44,6 +53,17 @@ __device__ __forceinline__ uint64_t smem_desc(uint32_t addr, uint32_t leading_by
     constexpr uint64_t SWIZZLE_128B = 1;
     return (uint64_t)((addr & 0x3FFFF) >> 4) | ((uint64_t)(leading_bytes >> 4) << 16) |
            ((uint64_t)(stride_bytes >> 4) << 32) | (SWIZZLE_128B << 62);
+}
+
+/*
+ * The descriptor of the operand `bytes` further on: only the start-address
+ * field (bits 0-13, address >> 4) moves.  Shared addresses stay below 256 KB,
+ * so the field never carries into the leading-offset bits.
+ */
+__device__ __forceinline__ uint64_t desc_advance(uint64_t desc, uint32_t bytes)
+{
+    const uint32_t lo = (uint32_t)desc + (bytes >> 4), hi = (uint32_t)(desc >> 32);
+    return ((uint64_t)hi << 32) | lo;
 }
 
 /* Shared memory written by ordinary stores or cp.async, read next by wgmma (sm_90 only). */
@@ -157,6 +177,181 @@ template <> struct wgmma<fmha_half, 128> {
 };
 #endif /* FMHA_HAS_WGMMA */
 
+#if FMHA_HAS_WGMMA
+/*
+ * Warp specialization: a warpgroup gives registers back (the producer) or
+ * takes them (the consumers).  Every warp of the warpgroup executes it, and the
+ * kernel needs a register cap at entry (__launch_bounds__(threads, 1)).
+ */
+template <int REGS> __device__ __forceinline__ void warpgroup_reg_dealloc()
+{
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(REGS));
+}
+template <int REGS> __device__ __forceinline__ void warpgroup_reg_alloc()
+{
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(REGS));
+}
+
+/* One lane of the (fully active) warp returns true. */
+__device__ __forceinline__ bool elect_one()
+{
+    uint32_t elected = 0;
+    asm volatile("{\n.reg .pred p;\n.reg .b32 lane;\nelect.sync lane|p, 0xffffffff;\n@p mov.u32 %0, 1;\n}\n"
+                 : "+r"(elected));
+    return elected != 0;
+}
+
+/*
+ * Named barriers (ids 1..15; 0 is __syncthreads): `count` threads, a multiple
+ * of the warp size, meet.  arrive does not wait.
+ */
+__device__ __forceinline__ void named_barrier_sync(int id, int count)
+{
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+__device__ __forceinline__ void named_barrier_arrive(int id, int count)
+{
+    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+
+/*
+ * mbarrier: a 64-bit shared-memory barrier whose phase completes when
+ * `count` arrivals have happened and the expected transaction bytes (armed
+ * by arrive_expect_tx, paid by TMA completions) have landed.  The phase
+ * parity starts at 0; waiting for parity P returns once the phase of parity P
+ * has completed, and at once for the parity of the phase before the first.
+ */
+__device__ __forceinline__ void mbar_init(uint32_t bar, int count)
+{
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+/* Barrier inits visible to the other threads and to the async proxy (TMA). */
+__device__ __forceinline__ void mbar_init_fence()
+{
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar)
+{
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+/* This thread's arrival, and `bytes` more transaction bytes to wait for. */
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes)
+{
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ bool mbar_try_wait(uint32_t bar, uint32_t parity)
+{
+    uint32_t done;
+    asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+                 : "=r"(done)
+                 : "r"(bar), "r"(parity)
+                 : "memory");
+    return done != 0;
+}
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity)
+{
+    while (!mbar_try_wait(bar, parity)) {
+    }
+}
+
+/* Pull a __grid_constant__ tensor map into the constant cache before its first use. */
+__device__ __forceinline__ void tma_prefetch_map(const void *map)
+{
+    asm volatile("prefetch.tensormap [%0];\n" ::"l"(map) : "memory");
+}
+
+/*
+ * 4D tile load global -> shared (coordinates innermost first, in elements);
+ * the box lands at `dst` (1024-aligned for the 128-byte swizzle) and its bytes
+ * complete the transaction of mbarrier `bar`.  Box elements outside the
+ * tensor's dimensions are written as zeros (and still counted).
+ */
+__device__ __forceinline__ void tma_load_4d(uint32_t dst, const void *map, uint32_t bar, int c0, int c1, int c2, int c3)
+{
+    asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes "
+                 "[%0], [%1, {%2, %3, %4, %5}], [%6];\n" ::"r"(dst),
+                 "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
+                 : "memory");
+}
+/* 4D tile store shared -> global; box elements outside the tensor are not written. */
+__device__ __forceinline__ void tma_store_4d(const void *map, uint32_t src, int c0, int c1, int c2, int c3)
+{
+    asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.bulk_group "
+                 "[%0, {%2, %3, %4, %5}], [%1];\n" ::"l"(map),
+                 "r"(src), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+                 : "memory");
+}
+__device__ __forceinline__ void tma_store_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+/* The stores committed so far have read their shared memory (it may be reused or freed). */
+__device__ __forceinline__ void tma_store_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
+#endif /* FMHA_HAS_WGMMA */
+
 }  // namespace fmha
+
+#if !FMHA_DEVICE_IS_AMD
+/*
+ * Host side: cuTensorMapEncodeTiled, looked up once through the runtime
+ * (cudaGetDriverEntryPointByVersion works with the static cudart and needs no
+ * -lcuda).  Returns nullptr when the driver does not have it.
+ */
+typedef CUresult (*fmha_encode_tiled_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *, const cuuint64_t *,
+                                         const cuuint64_t *, const cuuint32_t *, const cuuint32_t *,
+                                         CUtensorMapInterleave, CUtensorMapSwizzle, CUtensorMapL2promotion,
+                                         CUtensorMapFloatOOBfill);
+
+inline fmha_encode_tiled_fn fmha_tensor_map_encoder()
+{
+    static const fmha_encode_tiled_fn fn = [] {
+        void *ptr = nullptr;
+        cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &ptr, 12000, cudaEnableDefault, &found) !=
+                cudaSuccess ||
+            found != cudaDriverEntryPointSuccess)
+            ptr = nullptr;
+        return reinterpret_cast<fmha_encode_tiled_fn>(ptr);
+    }();
+    return fn;
+}
+
+/*
+ * A tensor map over a [batch, rows, heads, head_dim] 16-bit tensor (element
+ * strides, head_dim stride 1), boxes of 64 features x box_rows rows of one
+ * (head, batch), written to shared memory with the 128-byte swizzle; reads
+ * past `rows` give zeros.  False when the driver refuses it (strides or
+ * address not 16-byte multiples, sizes out of range).
+ */
+inline bool fmha_make_rows_map(CUtensorMap *map, const void *data, bool bf16, int64_t batch, int64_t rows,
+                               int64_t heads, int64_t head_dim, int64_t batch_stride, int64_t row_stride,
+                               int64_t head_stride, int box_rows)
+{
+    const fmha_encode_tiled_fn encode = fmha_tensor_map_encoder();
+    if (!encode)
+        return false;
+    constexpr int64_t ELEM = 2;
+    cuuint64_t dims[4] = {(cuuint64_t)head_dim, (cuuint64_t)rows, (cuuint64_t)heads, (cuuint64_t)batch};
+    /* A dimension of size 1 never moves its coordinate: give it the dense
+     * stride, so a caller's arbitrary stride there cannot make the map fail. */
+    int64_t strides[3] = {row_stride, head_stride, batch_stride};
+    int64_t dense = head_dim;
+    for (int i = 0; i < 3; i++) {
+        if (dims[i + 1] == 1)
+            strides[i] = dense;
+        dense = strides[i] * (int64_t)dims[i + 1];
+    }
+    cuuint64_t byte_strides[3];
+    for (int i = 0; i < 3; i++) {
+        if (strides[i] <= 0)
+            return false;
+        byte_strides[i] = (cuuint64_t)(strides[i] * ELEM);
+    }
+    const cuuint32_t box[4] = {64, (cuuint32_t)box_rows, 1, 1};
+    const cuuint32_t unit[4] = {1, 1, 1, 1};
+    return encode(map, bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 4,
+                  const_cast<void *>(data), dims, byte_strides, box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                  CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                  CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+#endif /* !FMHA_DEVICE_IS_AMD */
 
 #endif /* FMHA_MMA_SM90_H */

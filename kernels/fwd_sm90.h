@@ -1,0 +1,549 @@
+/*
+ * fwd_sm90.h: the warp-specialized Hopper (sm_90a) prefill kernel and its
+ * host launcher, NVIDIA only.  One CTA owns 128 query rows of one
+ * (batch, query head) and walks all the key blocks that those rows can see:
+ *
+ *   producer warpgroup   one elected lane issues TMA loads: Q once, then K(j)
+ *                        and V(j) into rings of shared-memory stages, each
+ *                        stage with a "full" mbarrier (bytes landed) and an
+ *                        "empty" one (both consumers are done with it)
+ *   2 consumer warpgroups  64 rows each:
+ *                        S = Q K(j)^T                  (wgmma, fp32)
+ *                        online softmax in exp2 units  (scale folded into one FFMA)
+ *                        O = O * rescale + P V(j)      (P in registers)
+ *                        and at the end O / l through shared memory and a TMA
+ *                        store, lse = (m + log2 l) * ln 2
+ *
+ * Inside a consumer, S(j+1) is issued before the softmax of block j+1 runs,
+ * next to O += P(j) V(j), so the tensor cores stay busy during the softmax.
+ * K(j) is released as soon as S(j) has been computed, V(j) after P(j) V(j).
+ *
+ * Keys: bottom-right causal (query i sees key j iff j <= i + seqlen_k -
+ * seqlen_q); rows that see no key give out 0 and lse -inf.  Rows of K/V past
+ * seqlen_k are outside the tensor maps, so TMA fills them with zeros, and
+ * their P is exactly 0: no 0 * NaN can occur.  KV-cache calls (seqlens_k,
+ * appended keys) and split plans are not this kernel's: the launcher answers
+ * FMHA_ERR_UNSUPPORTED for them, and for strides TMA cannot address.
+ *
+ * The PTX (wgmma, mbarrier, TMA, setmaxnreg) is in mma_sm90.h.  Under sm_80
+ * and AMD builds the kernel body is empty and the launcher is not declared
+ * for AMD.
+ */
+#ifndef FMHA_FWD_SM90_H
+#define FMHA_FWD_SM90_H
+
+#include "fmha.h"
+#include "hip_compat.h"
+
+#if !FMHA_DEVICE_IS_AMD
+#include "mma_nvidia.h"
+#include "mma_sm90.h"
+
+#include <math.h>
+
+namespace fmha {
+namespace sm90 {
+
+constexpr int BLOCK_M = 128;                  /* query rows per CTA */
+constexpr int BLOCK_N = 128;                  /* keys per main-loop step */
+constexpr int CONSUMERS = 2;                  /* warpgroups of 64 rows */
+constexpr int THREADS = (1 + CONSUMERS) * WARPGROUP_THREADS;
+constexpr int PANEL_COLS = 64;                /* features per 128-byte swizzled panel */
+constexpr int PRODUCER_REGS = 24;             /* the producer only issues copies */
+constexpr int CONSUMER_REGS = 240;            /* 24 * 128 + 240 * 256 <= 64K registers */
+constexpr int EPILOGUE_BARRIER = 1;           /* named barrier 1 + consumer index */
+constexpr float LN2 = 0.693147180559945309f;
+
+/* Shared memory of one CTA (offsets from a 1024-aligned base). */
+template <int HEAD_DIM> struct smem_plan {
+    static constexpr int panels = HEAD_DIM / PANEL_COLS;
+    static constexpr int stages = HEAD_DIM <= 64 ? 3 : 2; /* what fits in 227 KB */
+    static constexpr int q_panel = BLOCK_M * SWIZZLE_ROW_BYTES;
+    static constexpr int kv_panel = BLOCK_N * SWIZZLE_ROW_BYTES;
+    static constexpr int q_bytes = panels * q_panel;
+    static constexpr int kv_bytes = panels * kv_panel; /* one stage of K or of V */
+    static constexpr int q_off = 0;
+    static constexpr int k_off = q_off + q_bytes;
+    static constexpr int v_off = k_off + stages * kv_bytes;
+    static constexpr int bar_off = v_off + stages * kv_bytes;
+    /* barriers: q_full, then k_full, k_empty, v_full, v_empty of each stage */
+    static constexpr int bar_bytes = 8 * (1 + 4 * stages);
+    static constexpr int bytes = bar_off + bar_bytes + 1024; /* + slack to align the base */
+    static_assert(HEAD_DIM % PANEL_COLS == 0, "whole panels");
+    static_assert(bytes <= 227 * 1024, "fits one SM's shared memory");
+};
+
+/* The CTA's mbarriers. */
+template <int STAGES> struct barriers {
+    uint32_t base;
+    __device__ uint32_t q_full() const { return base; }
+    __device__ uint32_t k_full(int s) const { return base + 8 * (1 + s); }
+    __device__ uint32_t k_empty(int s) const { return base + 8 * (1 + STAGES + s); }
+    __device__ uint32_t v_full(int s) const { return base + 8 * (1 + 2 * STAGES + s); }
+    __device__ uint32_t v_empty(int s) const { return base + 8 * (1 + 3 * STAGES + s); }
+};
+
+/* Position in a ring: stage, and the parity of its current round. */
+template <int STAGES> struct ring_pos {
+    int stage = 0;
+    uint32_t phase = 0;
+    __device__ void advance()
+    {
+        if (++stage == STAGES) {
+            stage = 0;
+            phase ^= 1;
+        }
+    }
+};
+
+/* Tensor maps of q, k, v (boxes of 64 x 128 rows) and out (64 x 64 rows). */
+struct tensor_maps {
+    CUtensorMap q, k, v, o;
+};
+
+/* Key blocks the tile of rows [m0, m0 + BLOCK_M) needs (0 when no row sees a key). */
+template <bool CAUSAL> __host__ __device__ inline int key_blocks(int64_t m0, int64_t seqlen_q, int64_t seqlen_k)
+{
+    int64_t end = seqlen_k;
+    if (CAUSAL) {
+        const int64_t last_row = (m0 + BLOCK_M < seqlen_q ? m0 + BLOCK_M : seqlen_q) - 1;
+        const int64_t last_key = last_row + seqlen_k - seqlen_q;
+        end = last_key + 1 < end ? last_key + 1 : end;
+    }
+    return end <= 0 ? 0 : (int)((end + BLOCK_N - 1) / BLOCK_N);
+}
+
+#if FMHA_HAS_WGMMA
+/* The tile products of one consumer warpgroup (its 64 rows), from descriptors built once. */
+template <typename T, int HEAD_DIM> struct tile_products {
+    using plan = smem_plan<HEAD_DIM>;
+    static constexpr int K_STEP_BYTES = WGMMA_K * 2; /* 16 features of a 128-byte row */
+    static constexpr int K_STEPS_PER_PANEL = SWIZZLE_ROW_BYTES / K_STEP_BYTES;
+    uint64_t q_desc, k_desc, v_desc;
+
+    __device__ tile_products(uint32_t base, int consumer)
+    {
+        /* Q and K are K-major (8-row groups 1024 B apart); V is MN-major, its
+         * 64-feature panels kv_panel bytes apart. */
+        q_desc = smem_desc(base + plan::q_off + consumer * WGMMA_M * SWIZZLE_ROW_BYTES, 16, SWIZZLE_ATOM_BYTES);
+        k_desc = smem_desc(base + plan::k_off, 16, SWIZZLE_ATOM_BYTES);
+        v_desc = smem_desc(base + plan::v_off, plan::kv_panel, SWIZZLE_ATOM_BYTES);
+    }
+
+    /* Issue S = Q K^T from K stage `stage` as one wgmma group. */
+    __device__ void scores(float (&s)[BLOCK_N / 2], int stage) const
+    {
+        const uint64_t k_stage = desc_advance(k_desc, (uint32_t)stage * plan::kv_bytes);
+        wgmma_fence();
+#pragma unroll
+        for (int kd = 0; kd < HEAD_DIM / WGMMA_K; kd++) {
+            const uint32_t panel = kd / K_STEPS_PER_PANEL, within = kd % K_STEPS_PER_PANEL * K_STEP_BYTES;
+            wgmma<T, BLOCK_N>::ss(s, desc_advance(q_desc, panel * plan::q_panel + within),
+                                  desc_advance(k_stage, panel * plan::kv_panel + within), kd > 0);
+        }
+        wgmma_commit();
+    }
+
+    /* Issue O += P V from V stage `stage` as one wgmma group; p must not change until it completes. */
+    __device__ void accumulate(float (&o)[HEAD_DIM / 2], const uint32_t (&p)[BLOCK_N / WGMMA_K][4], int stage) const
+    {
+        const uint64_t v_stage = desc_advance(v_desc, (uint32_t)stage * plan::kv_bytes);
+        wgmma_fence();
+#pragma unroll
+        for (int kn = 0; kn < BLOCK_N / WGMMA_K; kn++)
+            wgmma<T, HEAD_DIM>::rs(o, p[kn], desc_advance(v_stage, kn * WGMMA_K * SWIZZLE_ROW_BYTES));
+        wgmma_commit();
+    }
+
+    /* Until at most N groups are in flight; then acc may be read. */
+    template <int N, int R> static __device__ void wait(float (&acc)[R])
+    {
+        wgmma_wait<N>();
+        fence_regs(acc);
+    }
+};
+
+/*
+ * Accumulator layout (mma_sm90.h): of a 64 x N tile, warp w of the warpgroup
+ * holds rows 16w + g and 16w + g + 8 (g = lane / 4); float 4t + e is column
+ * 8t + 2 (lane % 4) + e % 2 of row half e / 2.
+ */
+constexpr int ROW_HALVES = 2;
+
+/* The running max (log2 units, scale applied) and the thread's part of the row sum. */
+struct softmax_rows {
+    float max[ROW_HALVES], sum[ROW_HALVES];
+};
+
+/* Keys above `last[half]` (block-relative) become -inf. */
+__device__ __forceinline__ void mask_scores(float (&s)[BLOCK_N / 2], const int (&last)[ROW_HALVES], int lane)
+{
+    const int col0 = 2 * (lane % LANES_PER_ROW);
+#pragma unroll
+    for (int t = 0; t < BLOCK_N / 8; t++)
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            if (t * 8 + col0 + e % 2 > last[e / 2])
+                s[t * 4 + e] = -INFINITY;
+}
+
+/*
+ * One block of the online softmax, in place: S -> P = exp2(S * scale_log2 -
+ * m_new), the running max and sum updated, and rescale[half] = exp2(m - m_new)
+ * for the O rows accumulated so far.  A row that has seen only masked keys
+ * keeps m = -inf and shifts by 0, so its P and rescale are 0, not NaN.
+ */
+__device__ __forceinline__ void online_softmax(float (&s)[BLOCK_N / 2], softmax_rows &st,
+                                               float (&rescale)[ROW_HALVES], float scale_log2)
+{
+#pragma unroll
+    for (int half = 0; half < ROW_HALVES; half++) {
+        float mx0 = s[2 * half], mx1 = s[2 * half + 1];
+#pragma unroll
+        for (int t = 1; t < BLOCK_N / 8; t++) {
+            mx0 = fmaxf(mx0, s[t * 4 + 2 * half]);
+            mx1 = fmaxf(mx1, s[t * 4 + 2 * half + 1]);
+        }
+        const float m_new = fmaxf(st.max[half], quad_max(fmaxf(mx0, mx1)) * scale_log2);
+        const float shift = m_new == -INFINITY ? 0.f : m_new;
+        rescale[half] = exp2_fast(st.max[half] - shift);
+        st.max[half] = m_new;
+        float sum0 = 0.f, sum1 = 0.f;
+#pragma unroll
+        for (int t = 0; t < BLOCK_N / 8; t++) {
+            float &a = s[t * 4 + 2 * half], &b = s[t * 4 + 2 * half + 1];
+            a = exp2_fast(fmaf(a, scale_log2, -shift));
+            b = exp2_fast(fmaf(b, scale_log2, -shift));
+            sum0 += a;
+            sum1 += b;
+        }
+        st.sum[half] = st.sum[half] * rescale[half] + (sum0 + sum1);
+    }
+}
+
+template <int D> __device__ __forceinline__ void rescale_rows(float (&o)[D], const float (&rescale)[ROW_HALVES])
+{
+#pragma unroll
+    for (int i = 0; i < D; i++)
+        o[i] *= rescale[(i % 4) / 2];
+}
+
+/* P (fp32, accumulator layout) as the 16-bit A operands of O += P V, 16 keys each. */
+template <typename T>
+__device__ __forceinline__ void p_operands(uint32_t (&p)[BLOCK_N / WGMMA_K][4], const float (&s)[BLOCK_N / 2])
+{
+#pragma unroll
+    for (int kn = 0; kn < BLOCK_N / WGMMA_K; kn++)
+#pragma unroll
+        for (int r = 0; r < 4; r++)
+            p[kn][r] = mma_type<T>::pack(s[8 * kn + 2 * r], s[8 * kn + 2 * r + 1]);
+}
+#endif /* FMHA_HAS_WGMMA */
+
+template <typename T, int HEAD_DIM, bool CAUSAL>
+__global__ void __launch_bounds__(THREADS, 1)
+fwd_sm90_kernel(const __grid_constant__ tensor_maps maps, const fmha_fwd_params p)
+{
+#if FMHA_HAS_WGMMA
+    using plan = smem_plan<HEAD_DIM>;
+    constexpr int STAGES = plan::stages;
+    extern __shared__ unsigned char smem_raw[];
+    /* The 128-byte swizzle repeats every 1024 bytes: align the base to it. */
+    const uint32_t raw = smem_addr(smem_raw);
+    const uint32_t base = (raw + 1023u) & ~1023u;
+    unsigned char *smem = smem_raw + (base - raw);
+    const barriers<STAGES> bars{base + plan::bar_off};
+
+    /* The tile: causal tiles run heaviest (last rows) first. */
+    const int m_block = CAUSAL ? (int)gridDim.x - 1 - (int)blockIdx.x : (int)blockIdx.x;
+    const int m0 = m_block * BLOCK_M, head = (int)blockIdx.y, b = (int)blockIdx.z;
+    const int seqlen_q = (int)p.seqlen_q, seqlen_k = (int)p.seqlen_k;
+    const int n_blocks = key_blocks<CAUSAL>(m0, seqlen_q, seqlen_k);
+
+    if (threadIdx.x == 0) {
+        mbar_init(bars.q_full(), 1);
+        for (int s = 0; s < STAGES; s++) {
+            mbar_init(bars.k_full(s), 1); /* the producer's arrive + the bytes */
+            mbar_init(bars.v_full(s), 1);
+            mbar_init(bars.k_empty(s), CONSUMERS * WARPGROUP_THREADS); /* every consumer thread */
+            mbar_init(bars.v_empty(s), CONSUMERS * WARPGROUP_THREADS);
+        }
+        mbar_init_fence();
+    }
+    __syncthreads();
+    /* Launched overlapped, nothing in memory is touched before the grid before this one is done. */
+    fmha_wait_prior_grid();
+
+    const int warpgroup = (int)threadIdx.x / WARPGROUP_THREADS;
+    if (warpgroup == 0) {
+        /* ---- producer ---- */
+        warpgroup_reg_dealloc<PRODUCER_REGS>();
+        if (threadIdx.x / WARP_LANES == 0 && elect_one()) {
+            const int kv_head = (int)(head / (p.heads_q / p.heads_kv));
+            tma_prefetch_map(&maps.k);
+            tma_prefetch_map(&maps.v);
+            if (n_blocks > 0) {
+                mbar_arrive_expect_tx(bars.q_full(), plan::q_bytes);
+#pragma unroll
+                for (int pn = 0; pn < plan::panels; pn++)
+                    tma_load_4d(base + plan::q_off + pn * plan::q_panel, &maps.q, bars.q_full(), pn * PANEL_COLS, m0,
+                                head, b);
+            }
+            ring_pos<STAGES> pos;
+            for (int j = 0; j < n_blocks; j++, pos.advance()) {
+                const int key0 = j * BLOCK_N;
+                /* Wait until both consumers released this stage's previous round
+                 * (in the first round the parity before the first phase passes at once). */
+                mbar_wait(bars.k_empty(pos.stage), pos.phase ^ 1);
+                mbar_arrive_expect_tx(bars.k_full(pos.stage), plan::kv_bytes);
+#pragma unroll
+                for (int pn = 0; pn < plan::panels; pn++)
+                    tma_load_4d(base + plan::k_off + pos.stage * plan::kv_bytes + pn * plan::kv_panel, &maps.k,
+                                bars.k_full(pos.stage), pn * PANEL_COLS, key0, kv_head, b);
+                mbar_wait(bars.v_empty(pos.stage), pos.phase ^ 1);
+                mbar_arrive_expect_tx(bars.v_full(pos.stage), plan::kv_bytes);
+#pragma unroll
+                for (int pn = 0; pn < plan::panels; pn++)
+                    tma_load_4d(base + plan::v_off + pos.stage * plan::kv_bytes + pn * plan::kv_panel, &maps.v,
+                                bars.v_full(pos.stage), pn * PANEL_COLS, key0, kv_head, b);
+            }
+        }
+    } else {
+        /* ---- consumers: 64 rows each ---- */
+        warpgroup_reg_alloc<CONSUMER_REGS>();
+        const int consumer = warpgroup - 1;
+        const int tid = (int)threadIdx.x % WARPGROUP_THREADS, warp = tid / WARP_LANES, lane = tid % WARP_LANES;
+        const int row_in_tile = consumer * WGMMA_M + warp * 16 + lane / LANES_PER_ROW; /* + 8 * half */
+        const tile_products<T, HEAD_DIM> mma(base, consumer);
+
+        /* Masks: block j needs one when it runs past seqlen_k or, causal, past
+         * the diagonal of this warpgroup's first row; the rest go unmasked. */
+        const int64_t diag = (int64_t)seqlen_k - seqlen_q; /* row i sees keys <= i + diag */
+        const int64_t first_limit = (int64_t)m0 + consumer * WGMMA_M + diag;
+        const int64_t mask_free_end =
+            CAUSAL ? (first_limit + 1 < seqlen_k ? first_limit + 1 : seqlen_k) : seqlen_k;
+        auto masked = [&](float(&s)[BLOCK_N / 2], int j) {
+            const int64_t key0 = (int64_t)j * BLOCK_N;
+            if (key0 + BLOCK_N <= mask_free_end)
+                return;
+            int last[ROW_HALVES];
+#pragma unroll
+            for (int half = 0; half < ROW_HALVES; half++) {
+                int64_t l = seqlen_k - 1 - key0;
+                if (CAUSAL) {
+                    const int64_t c = m0 + row_in_tile + 8 * half + diag - key0;
+                    l = c < l ? c : l;
+                }
+                last[half] = l < -1 ? -1 : l > BLOCK_N ? BLOCK_N : (int)l;
+            }
+            mask_scores(s, last, lane);
+        };
+
+        float o[HEAD_DIM / 2];
+#pragma unroll
+        for (int i = 0; i < HEAD_DIM / 2; i++)
+            o[i] = 0.f;
+        softmax_rows st;
+#pragma unroll
+        for (int half = 0; half < ROW_HALVES; half++) {
+            st.max[half] = -INFINITY;
+            st.sum[half] = 0.f;
+        }
+
+        if (n_blocks > 0) {
+            float s[BLOCK_N / 2], rescale[ROW_HALVES];
+            uint32_t pv[BLOCK_N / WGMMA_K][4];
+            ring_pos<STAGES> k_pos, v_pos;
+            mbar_wait(bars.q_full(), 0);
+
+            /* Block 0: S = Q K^T, softmax (O is still 0: nothing to rescale). */
+            mbar_wait(bars.k_full(k_pos.stage), k_pos.phase);
+            mma.scores(s, k_pos.stage);
+            mma.template wait<0>(s);
+            mbar_arrive(bars.k_empty(k_pos.stage));
+            k_pos.advance();
+            masked(s, 0);
+            online_softmax(s, st, rescale, p.scale_log2);
+            p_operands<T>(pv, s);
+
+            for (int j = 0; j + 1 < n_blocks; j++) {
+                /* S(j+1) = Q K(j+1)^T, issued ahead of O += P(j) V(j). */
+                mbar_wait(bars.k_full(k_pos.stage), k_pos.phase);
+                mma.scores(s, k_pos.stage);
+                mbar_wait(bars.v_full(v_pos.stage), v_pos.phase);
+                mma.accumulate(o, pv, v_pos.stage);
+
+                /* S(j+1) done: K(j+1) free; the softmax runs under P(j) V(j). */
+                mma.template wait<1>(s);
+                mbar_arrive(bars.k_empty(k_pos.stage));
+                k_pos.advance();
+                masked(s, j + 1);
+                online_softmax(s, st, rescale, p.scale_log2);
+
+                /* P(j) V(j) done: V(j) free; O takes the new max, P(j+1) replaces P(j). */
+                mma.template wait<0>(o);
+                mbar_arrive(bars.v_empty(v_pos.stage));
+                v_pos.advance();
+                rescale_rows(o, rescale);
+                p_operands<T>(pv, s);
+            }
+
+            /* O += P(last) V(last). */
+            mbar_wait(bars.v_full(v_pos.stage), v_pos.phase);
+            mma.accumulate(o, pv, v_pos.stage);
+            mma.template wait<0>(o);
+            mbar_arrive(bars.v_empty(v_pos.stage));
+        }
+
+        /*
+         * Epilogue: O / l into this warpgroup's own Q rows (no other reader:
+         * its S products are complete), in the same swizzled panels, then one
+         * thread stores them with TMA, which drops rows past seqlen_q.
+         */
+        float inv[ROW_HALVES], lse[ROW_HALVES];
+#pragma unroll
+        for (int half = 0; half < ROW_HALVES; half++) {
+            const float l = quad_sum(st.sum[half]);
+            inv[half] = l == 0.f ? 0.f : 1.f / l;
+            lse[half] = l == 0.f ? -INFINITY : (st.max[half] + log2f(l)) * LN2;
+        }
+        const int g = lane / LANES_PER_ROW, col_pair = (lane % LANES_PER_ROW) * 4; /* bytes */
+#pragma unroll
+        for (int t = 0; t < HEAD_DIM / 8; t++)
+#pragma unroll
+            for (int half = 0; half < ROW_HALVES; half++) {
+                const int row = row_in_tile + 8 * half, chunk = t % 8;
+                /* row % 8 == g: the swizzle XOR; lanes of a warp hit 32 different banks */
+                const int off = plan::q_off + t / 8 * plan::q_panel + row * SWIZZLE_ROW_BYTES +
+                                ((chunk ^ g) * 16) + col_pair;
+                *reinterpret_cast<uint32_t *>(smem + off) =
+                    mma_type<T>::pack(o[t * 4 + 2 * half] * inv[half], o[t * 4 + 2 * half + 1] * inv[half]);
+            }
+        fence_proxy_async(); /* ordinary stores, read next by the TMA engine */
+        named_barrier_sync(EPILOGUE_BARRIER + consumer, WARPGROUP_THREADS);
+        const int row0 = m0 + consumer * WGMMA_M;
+        if (tid == 0 && row0 < seqlen_q) {
+#pragma unroll
+            for (int pn = 0; pn < plan::panels; pn++)
+                tma_store_4d(&maps.o, base + plan::q_off + pn * plan::q_panel + consumer * WGMMA_M * SWIZZLE_ROW_BYTES,
+                             pn * PANEL_COLS, row0, head, b);
+            tma_store_commit();
+        }
+        if (p.lse && lane % LANES_PER_ROW == 0) {
+#pragma unroll
+            for (int half = 0; half < ROW_HALVES; half++) {
+                const int64_t row = (int64_t)m0 + row_in_tile + 8 * half;
+                if (row < seqlen_q)
+                    p.lse[b * p.lse_batch_stride + head * p.lse_head_stride + row * p.lse_row_stride] = lse[half];
+            }
+        }
+        if (tid == 0 && row0 < seqlen_q)
+            tma_store_wait_read(); /* the shared memory stays until the store has read it */
+    }
+#endif /* FMHA_HAS_WGMMA */
+}
+
+/* Dynamic shared memory of the kernel for HEAD_DIM. */
+template <int HEAD_DIM> constexpr int smem_bytes() { return smem_plan<HEAD_DIM>::bytes; }
+
+template <typename T, int HEAD_DIM, bool CAUSAL>
+inline cudaError_t launch_instance(const tensor_maps &maps, const fmha_fwd_params &p, dim3 grid)
+{
+    auto kernel = fwd_sm90_kernel<T, HEAD_DIM, CAUSAL>;
+    cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes<HEAD_DIM>());
+    if (err != cudaSuccess)
+        return err;
+    kernel<<<grid, THREADS, smem_bytes<HEAD_DIM>(), (cudaStream_t)p.stream>>>(maps, p);
+    return cudaGetLastError();
+}
+
+}  // namespace sm90
+
+/*
+ * Run the prefill in p on p.stream with the sm_90a kernel.  Returns
+ * FMHA_ERR_UNSUPPORTED (nothing launched) when the problem is not this
+ * kernel's: not a cc 9.x device, dtype or head_dim it has no instance for,
+ * KV-cache lengths or appended keys, a split plan, a non-positive scale,
+ * sizes past the grid's limits, or addresses and strides that are not
+ * 16-byte multiples (TMA's rule); FMHA_ERR_RUNTIME with *error set when
+ * CUDA fails.  Encodes its tensor maps on every call.
+ */
+inline fmha_status fmha_sm90_prefill_launch(const fmha_fwd_params &p, cudaError_t *error = nullptr)
+{
+    using namespace sm90;
+    if (error)
+        *error = cudaSuccess;
+    if (p.dtype != FMHA_DTYPE_F16 && p.dtype != FMHA_DTYPE_BF16)
+        return FMHA_ERR_UNSUPPORTED;
+    if (p.head_dim != 64 && p.head_dim != 128)
+        return FMHA_ERR_UNSUPPORTED;
+    if (p.seqlens_k || p.k_new || p.v_new || p.seqlen_new != 0 || p.num_splits > 1)
+        return FMHA_ERR_UNSUPPORTED;
+    if (!(p.scale_log2 > 0.f) || !isfinite(p.scale_log2))
+        return FMHA_ERR_UNSUPPORTED;
+    if (p.batch < 0 || p.seqlen_q < 0 || p.seqlen_k < 0 || p.heads_q < 0 || p.heads_kv <= 0 ||
+        p.heads_q % p.heads_kv != 0)
+        return FMHA_ERR_UNSUPPORTED;
+    if (p.batch == 0 || p.seqlen_q == 0 || p.heads_q == 0)
+        return FMHA_OK; /* nothing to write */
+    constexpr int64_t MAX_ROWS = ((int64_t)1 << 31) - 2 * BLOCK_N;
+    if (p.batch > 65535 || p.heads_q > 65535 || p.seqlen_q > MAX_ROWS || p.seqlen_k > MAX_ROWS)
+        return FMHA_ERR_UNSUPPORTED;
+    int major = 0;
+    cudaError_t err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, p.device);
+    if (err != cudaSuccess) {
+        if (error)
+            *error = err;
+        return FMHA_ERR_RUNTIME;
+    }
+    if (major != 9)
+        return FMHA_ERR_UNSUPPORTED;
+    /* TMA: 16-byte aligned bases and byte strides (the driver checks too; this keeps the answer explicit). */
+    auto aligned = [](const void *ptr, int64_t bs, int64_t rs, int64_t hs) {
+        return ((uintptr_t)ptr % 16 == 0) && bs % 8 == 0 && rs % 8 == 0 && hs % 8 == 0;
+    };
+    if (!aligned(p.q, p.q_batch_stride, p.q_row_stride, p.q_head_stride) ||
+        !aligned(p.k, p.k_batch_stride, p.k_row_stride, p.k_head_stride) ||
+        !aligned(p.v, p.v_batch_stride, p.v_row_stride, p.v_head_stride) ||
+        !aligned(p.out, p.o_batch_stride, p.o_row_stride, p.o_head_stride))
+        return FMHA_ERR_UNSUPPORTED;
+
+    const bool bf16 = p.dtype == FMHA_DTYPE_BF16;
+    /* With no keys no K/V tile is loaded; the maps still need a row. */
+    const int64_t kv_rows = p.seqlen_k > 0 ? p.seqlen_k : 1;
+    tensor_maps maps;
+    if (!fmha_make_rows_map(&maps.q, p.q, bf16, p.batch, p.seqlen_q, p.heads_q, p.head_dim, p.q_batch_stride,
+                            p.q_row_stride, p.q_head_stride, BLOCK_M) ||
+        !fmha_make_rows_map(&maps.k, p.k, bf16, p.batch, kv_rows, p.heads_kv, p.head_dim, p.k_batch_stride,
+                            p.k_row_stride, p.k_head_stride, BLOCK_N) ||
+        !fmha_make_rows_map(&maps.v, p.v, bf16, p.batch, kv_rows, p.heads_kv, p.head_dim, p.v_batch_stride,
+                            p.v_row_stride, p.v_head_stride, BLOCK_N) ||
+        !fmha_make_rows_map(&maps.o, p.out, bf16, p.batch, p.seqlen_q, p.heads_q, p.head_dim, p.o_batch_stride,
+                            p.o_row_stride, p.o_head_stride, WGMMA_M))
+        return FMHA_ERR_UNSUPPORTED;
+
+    const dim3 grid((unsigned)((p.seqlen_q + BLOCK_M - 1) / BLOCK_M), (unsigned)p.heads_q, (unsigned)p.batch);
+    const bool causal = p.causal != 0;
+    if (bf16) {
+        if (p.head_dim == 64)
+            err = causal ? launch_instance<fmha_bf16, 64, true>(maps, p, grid) : launch_instance<fmha_bf16, 64, false>(maps, p, grid);
+        else
+            err = causal ? launch_instance<fmha_bf16, 128, true>(maps, p, grid) : launch_instance<fmha_bf16, 128, false>(maps, p, grid);
+    } else {
+        if (p.head_dim == 64)
+            err = causal ? launch_instance<fmha_half, 64, true>(maps, p, grid) : launch_instance<fmha_half, 64, false>(maps, p, grid);
+        else
+            err = causal ? launch_instance<fmha_half, 128, true>(maps, p, grid) : launch_instance<fmha_half, 128, false>(maps, p, grid);
+    }
+    if (err != cudaSuccess) {
+        if (error)
+            *error = err;
+        return FMHA_ERR_RUNTIME;
+    }
+    return FMHA_OK;
+}
+
+}  // namespace fmha
+
+#endif /* !FMHA_DEVICE_IS_AMD */
+#endif /* FMHA_FWD_SM90_H */
