@@ -6,6 +6,7 @@
  * anything: the planner's numbers are read and put into words.
  */
 #include "explain.h"
+#include "fmha_config.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -19,16 +20,161 @@ int fmha_dict_set(PyObject *d, const char *key, PyObject *value)
     return rc;
 }
 
-static PyObject *gate_dict(const fmha_plan *plan)
+static const char *dtype_name(int64_t dt)
+{
+    switch (dt) {
+    case FMHA_DTYPE_F16: return "float16";
+    case FMHA_DTYPE_BF16: return "bfloat16";
+    case FMHA_DTYPE_F32: return "float32";
+    }
+    return "unknown";
+}
+
+static const char *const gate_names[FMHA_GATE_COUNT] = {"device", "arch", "dtype", "head_dim",
+                                                        "alignment"};
+
+static const char *plural(int64_t n) { return n == 1 ? "" : "s"; }
+
+/* "64, 128": the head_dims the GPU kernels are built for (fmha_config.h). */
+static void gpu_head_dims(char *buf, size_t len)
+{
+    size_t used = 0;
+    buf[0] = '\0';
+#define FMHA_LIST(hd, bm, bn, warps, stages, ctas, walkers) \
+    used += (size_t)snprintf(buf + used, used < len ? len - used : 0, "%s%d", used ? ", " : "", hd);
+    FMHA_GPU_MMA_CONFIGS(FMHA_LIST)
+#undef FMHA_LIST
+}
+
+/* What a gate item checked and found (the explain() gate's "why"). */
+static void gate_why(const fmha_plan *plan, const fmha_target *t, const fmha_gate_item *g,
+                     char *buf, size_t len)
+{
+    const fmha_device_info *dev = t->device;
+    char dims[64];
+    switch (g->id) {
+    case FMHA_GATE_DEVICE:
+        if (g->b == FMHA_DEVICE_NOT_BUILT)
+            snprintf(buf, len, "this build has no GPU kernels (built with CPU only)");
+        else if (g->b == FMHA_DEVICE_NONE_VISIBLE || !dev)
+            snprintf(buf, len, "no GPU is visible to the runtime");
+        else
+            snprintf(buf, len, "%s (%s, %lld %s)", dev->name, dev->arch, (long long)g->a,
+                     dev->is_amd ? "CUs" : "SMs");
+        return;
+    case FMHA_GATE_ARCH:
+        if (dev && dev->is_amd)
+            snprintf(buf, len, "%s %s the archs built (%s)", dev->arch,
+                     g->met ? "is among" : "is not among", fmha_plan_hip_archs(t));
+        else
+            snprintf(buf, len, "compute capability %lld.%lld %s 8.0 (mma.sync m16n8k16, cp.async)",
+                     (long long)g->a, (long long)g->b, g->met ? ">=" : "<");
+        return;
+    case FMHA_GATE_DTYPE:
+        if (plan->backend == FMHA_BACKEND_CPU)
+            snprintf(buf, len, "%s runs on the CPU (fp32 math)", dtype_name(g->a));
+        else
+            snprintf(buf, len, "%s %s (GPU kernels: float16, bfloat16)", dtype_name(g->a),
+                     g->met ? "supported" : "not supported");
+        return;
+    case FMHA_GATE_HEAD_DIM:
+        if (plan->backend == FMHA_BACKEND_CPU) {
+            snprintf(buf, len, "head_dim %lld %s 1..%lld", (long long)g->a,
+                     g->met ? "in" : "outside", (long long)g->b);
+        } else {
+            gpu_head_dims(dims, sizeof dims);
+            snprintf(buf, len, "head_dim %lld %s {%s}", (long long)g->a, g->met ? "in" : "not in",
+                     dims);
+        }
+        return;
+    case FMHA_GATE_ALIGNMENT:
+        snprintf(buf, len, "%s", g->a ? "q/k/v rows start on 16-byte boundaries, out rows on 4-byte "
+                                        "boundaries"
+                                      : "some rows are not 16-byte aligned (pointer or strides not "
+                                        "multiples of 8 elements): those tensors are first copied "
+                                        "to aligned scratch on the GPU");
+        return;
+    default:
+        snprintf(buf, len, "?");
+    }
+}
+
+/* An unmet gate item as the requirement it breaks, e.g. "head_dim 96 is not
+ * supported by the GPU kernels (they cover 64, 128)". */
+static void requirement(const fmha_plan *plan, const fmha_target *t, const fmha_gate_item *g,
+                        char *buf, size_t len)
+{
+    const fmha_device_info *dev = t->device;
+    char dims[64];
+    switch (g->id) {
+    case FMHA_GATE_ARCH:
+        if (dev && dev->is_amd)
+            snprintf(buf, len, "%s is not supported: this build has AMD kernels for %s", dev->arch,
+                     *fmha_plan_hip_archs(t) ? fmha_plan_hip_archs(t) : "no arch");
+        else
+            snprintf(buf, len, "compute capability %lld.%lld is not supported by the GPU kernels "
+                     "(they need 8.0 or newer: mma.sync m16n8k16, cp.async)", (long long)g->a,
+                     (long long)g->b);
+        return;
+    case FMHA_GATE_DTYPE:
+        snprintf(buf, len, "%s is not supported by the GPU kernels (they cover float16, bfloat16)",
+                 dtype_name(g->a));
+        return;
+    case FMHA_GATE_HEAD_DIM:
+        if (plan->backend == FMHA_BACKEND_CPU) {
+            snprintf(buf, len, "head_dim %lld is not supported by the CPU backend (it covers 1..%lld)",
+                     (long long)g->a, (long long)g->b);
+        } else {
+            gpu_head_dims(dims, sizeof dims);
+            snprintf(buf, len, "head_dim %lld is not supported by the GPU kernels (they cover %s)",
+                     (long long)g->a, dims);
+        }
+        return;
+    default:
+        gate_why(plan, t, g, buf, len);
+    }
+}
+
+/* The unmet requirements, "; "-separated. */
+static void requirements(const fmha_plan *plan, const fmha_target *t, char *buf, size_t len)
+{
+    size_t used = 0;
+    char one[256];
+    buf[0] = '\0';
+    for (int i = 0; i < plan->n_gate && used < len; i++) {
+        if (plan->gate[i].met)
+            continue;
+        requirement(plan, t, &plan->gate[i], one, sizeof one);
+        used += (size_t)snprintf(buf + used, len - used, "%s%s", used ? "; " : "", one);
+    }
+}
+
+/* "name: met/NOT met (why); ..." for messages. */
+static void gate_text(const fmha_plan *plan, const fmha_target *t, char *buf, size_t len)
+{
+    size_t used = 0;
+    char why[256];
+    buf[0] = '\0';
+    for (int i = 0; i < plan->n_gate && used < len; i++) {
+        gate_why(plan, t, &plan->gate[i], why, sizeof why);
+        used += (size_t)snprintf(buf + used, len - used, "%s%s: %s (%s)", i ? "; " : "",
+                                 gate_names[plan->gate[i].id], plan->gate[i].met ? "met" : "NOT met",
+                                 why);
+    }
+}
+
+static PyObject *gate_dict(const fmha_plan *plan, const fmha_target *t)
 {
     PyObject *gate = PyDict_New(), *item = NULL;
+    char why[256];
     if (!gate)
         return NULL;
     for (int i = 0; i < plan->n_gate; i++) {
+        gate_why(plan, t, &plan->gate[i], why, sizeof why);
         item = PyDict_New();
         if (!item || fmha_dict_set(item, "met", PyBool_FromLong(plan->gate[i].met)) < 0 ||
-            fmha_dict_set(item, "why", PyUnicode_FromString(plan->gate[i].why)) < 0 ||
-            PyDict_SetItemString(gate, plan->gate[i].name, item) < 0)
+            fmha_dict_set(item, "why", PyUnicode_FromString(why)) < 0 ||
+            PyDict_SetItemString(gate, gate_names[plan->gate[i].id], item) < 0)
             goto fail;
         Py_CLEAR(item);
     }
@@ -39,32 +185,81 @@ fail:
     return NULL;
 }
 
-/* "name: met/NOT met (why); ..." for messages. */
-static void gate_text(const fmha_plan *plan, char *buf, size_t len)
+/* The kernel's name, e.g. "fwd_decode<bfloat16,d128,pack_gqa>+merge+combine"; "" unsupported. */
+static void kernel_name(const fmha_fwd_params *p, const fmha_plan *plan, char *buf, size_t len)
 {
-    size_t used = 0;
-    buf[0] = '\0';
-    for (int i = 0; i < plan->n_gate && used < len; i++)
-        used += (size_t)snprintf(buf + used, len - used, "%s%s: %s (%s)", i ? "; " : "",
-                                 plan->gate[i].name, plan->gate[i].met ? "met" : "NOT met",
-                                 plan->gate[i].why);
+    if (!plan->supported)
+        snprintf(buf, len, "%s", "");
+    else if (plan->backend == FMHA_BACKEND_CPU)
+        snprintf(buf, len, "cpu_tiled<%s,%s>", dtype_name(p->dtype), fmha_cpu_simd_name());
+    else
+        snprintf(buf, len, "fwd_%s<%s,d%lld%s%s>%s%s",
+                 plan->kernel_id == FMHA_KERNEL_GPU_DECODE ? "decode" : "mma", dtype_name(p->dtype),
+                 (long long)p->head_dim, p->causal ? ",causal" : "", plan->pack_gqa ? ",pack_gqa" : "",
+                 plan->walkers_per_split > 1 ? "+merge" : "", plan->num_splits > 1 ? "+combine" : "");
+}
+
+/* Why this split count. */
+static void split_text(const fmha_plan *plan, char *buf, size_t len)
+{
+    const fmha_split_why *w = &plan->split;
+    const int s = plan->num_splits, ws = plan->walkers_per_split;
+    char walkers[32];
+    switch (w->rule) {
+    case FMHA_SPLITS_FORCED:
+        snprintf(buf, len, "num_splits=%d forced (clamped to %lld key blocks)", w->requested,
+                 (long long)w->key_blocks);
+        return;
+    case FMHA_SPLITS_RAGGED:
+        snprintf(buf, len, "ragged batch, %lld key blocks in all, longest %lld: chunks of %lld key "
+                 "blocks on %d walker%s, up to %d per entry", (long long)w->total_blocks,
+                 (long long)w->key_blocks, (long long)w->chunk, ws, plural(ws), s);
+        return;
+    case FMHA_SPLITS_HEURISTIC:
+        snprintf(walkers, sizeof walkers, ", %d walker%s each", ws, plural(ws));
+        snprintf(buf, len, "%lld tiles x %lld key blocks on %lld slots: %d split%s of ~%lld key "
+                 "blocks%s, in %lld wave%s (machine %.0f%% busy)", (long long)w->tiles,
+                 (long long)w->key_blocks, (long long)w->slots, s, plural(s),
+                 (long long)((w->key_blocks + s - 1) / s),
+                 plan->backend == FMHA_BACKEND_GPU ? walkers : "", (long long)w->waves,
+                 plural(w->waves), 100.0 * w->busy);
+        return;
+    }
+    snprintf(buf, len, "?");
+}
+
+/* Why this kernel, tiles and split count (or what the problem needs that is missing). */
+static void plan_reason(const fmha_plan *plan, const fmha_target *t, char *buf, size_t len)
+{
+    char why[320];
+    if (!plan->supported) {
+        requirements(plan, t, buf, len);
+        return;
+    }
+    split_text(plan, why, sizeof why);
+    if (plan->backend == FMHA_BACKEND_CPU)
+        snprintf(buf, len, "CPU: %dx%d tiles on %lld threads; %s", plan->block_m, plan->block_n,
+                 (long long)plan->split.units, why);
+    else
+        snprintf(buf, len, "%s tensor-core tiles %dx%d%s; %s%s",
+                 plan->kernel_id == FMHA_KERNEL_GPU_DECODE ? "decode (few rows per kv head)" : "prefill",
+                 plan->block_m, plan->block_n, plan->pack_gqa ? ", query heads of a kv head packed" : "",
+                 why, plan->kv_read_once ? "; K/V small next to L2: read with evict-first" : "");
 }
 
 PyObject *fmha_explain_raise_unsupported(const fmha_explain_input *in)
 {
     const fmha_plan *plan = in->plan;
-    char gate[1024];
-    gate_text(plan, gate, sizeof gate);
-    const char *hint = "";
-    if (plan->backend == FMHA_BACKEND_GPU) {
-        if (!in->inputs_on_host)
-            hint = " The CPU backend runs it: pass host arrays with device=\"cpu\".";
-        else if (!strstr(plan->reason, "device=\"cpu\""))
-            hint = " device=\"cpu\" runs it on the CPU backend.";
-    }
-    PyErr_Format(PyExc_NotImplementedError, "the %s backend cannot run this problem: %s [gate: "
-                 "%s].%s", plan->backend == FMHA_BACKEND_GPU ? "GPU" : "CPU", plan->reason,
-                 gate, hint);
+    const int gpu = plan->backend == FMHA_BACKEND_GPU;
+    char need[768], gate[1024];
+    requirements(plan, in->target, need, sizeof need);
+    gate_text(plan, in->target, gate, sizeof gate);
+    const char *hint = !gpu ? ""
+                       : in->inputs_on_host ? "; device=\"cpu\" runs it"
+                                            : "; the CPU backend runs it: pass host arrays with "
+                                              "device=\"cpu\"";
+    PyErr_Format(PyExc_NotImplementedError, "%s%s. %s gate: %s.", need, hint, gpu ? "GPU" : "CPU",
+                 gate);
     return NULL;
 }
 
@@ -77,28 +272,35 @@ PyObject *fmha_explain_dict(const fmha_explain_input *in)
     PyObject *d = PyDict_New();
     if (!d)
         return NULL;
-    const char *kernel = in->empty ? "none" : plan->kernel;
-    char reason[1024];
-    if (in->empty)
+    char kernel[96], reason[1024], own[768], rejected[768];
+    if (in->empty) {
+        snprintf(kernel, sizeof kernel, "none");
         snprintf(reason, sizeof reason, "empty problem (batch or seqlen_q is 0): nothing runs");
-    else if (in->gpu_rejected)
-        snprintf(reason, sizeof reason, "the GPU gate is not met (%s); running on the CPU: %s",
-                 in->gpu_rejected->reason, plan->reason);
-    else
-        snprintf(reason, sizeof reason, "%s", plan->reason);
+    } else {
+        kernel_name(p, plan, kernel, sizeof kernel);
+        plan_reason(plan, t, own, sizeof own);
+        if (in->gpu_rejected) {
+            plan_reason(in->gpu_rejected, in->gpu_rejected_target, rejected, sizeof rejected);
+            snprintf(reason, sizeof reason, "the GPU gate is not met (%s); running on the CPU: %s",
+                     rejected, own);
+        } else {
+            snprintf(reason, sizeof reason, "%s", own);
+        }
+    }
     if (fmha_dict_set(d, "backend", PyUnicode_FromString(gpu ? "gpu" : "cpu")) < 0 ||
         fmha_dict_set(d, "supported", PyBool_FromLong(in->empty || in->plan_ok)) < 0 ||
         fmha_dict_set(d, "kernel", PyUnicode_FromString(kernel)) < 0 ||
         fmha_dict_set(d, "kernel_id", PyLong_FromLong(in->empty ? 0 : plan->kernel_id)) < 0 ||
         fmha_dict_set(d, "num_splits", PyLong_FromLong(in->empty ? 1 : plan->num_splits)) < 0 ||
         fmha_dict_set(d, "requested_splits", PyLong_FromLong(in->requested_splits)) < 0 ||
-        fmha_dict_set(d, "walkers_per_split", PyLong_FromLong(in->empty ? 1 : plan->stream_splits)) < 0 ||
+        fmha_dict_set(d, "walkers_per_split",
+                      PyLong_FromLong(in->empty ? 1 : plan->walkers_per_split)) < 0 ||
         fmha_dict_set(d, "kv_read_once", PyBool_FromLong(!in->empty && plan->kv_read_once)) < 0 ||
         fmha_dict_set(d, "block_m", PyLong_FromLong(in->empty ? 0 : plan->block_m)) < 0 ||
         fmha_dict_set(d, "block_n", PyLong_FromLong(in->empty ? 0 : plan->block_n)) < 0 ||
         fmha_dict_set(d, "pack_gqa", PyBool_FromLong(!in->empty && plan->pack_gqa)) < 0 ||
         fmha_dict_set(d, "reason", PyUnicode_FromString(reason)) < 0 ||
-        fmha_dict_set(d, "gate", in->empty ? PyDict_New() : gate_dict(plan)) < 0 ||
+        fmha_dict_set(d, "gate", in->empty ? PyDict_New() : gate_dict(plan, t)) < 0 ||
         fmha_dict_set(d, "batch", PyLong_FromLongLong(p->batch)) < 0 ||
         fmha_dict_set(d, "seqlen_q", PyLong_FromLongLong(p->seqlen_q)) < 0 ||
         fmha_dict_set(d, "seqlen_k", PyLong_FromLongLong(p->seqlen_k)) < 0 ||
@@ -125,9 +327,9 @@ PyObject *fmha_explain_dict(const fmha_explain_input *in)
             goto fail;
     }
     if (in->gpu_rejected &&
-        fmha_dict_set(d, "gpu_rejected", Py_BuildValue("{s:s,s:s,s:N}", "kernel", in->gpu_rejected->kernel,
-                                             "reason", in->gpu_rejected->reason, "gate",
-                                             gate_dict(in->gpu_rejected))) < 0)
+        fmha_dict_set(d, "gpu_rejected",
+                      Py_BuildValue("{s:s,s:s,s:N}", "kernel", "", "reason", rejected, "gate",
+                                    gate_dict(in->gpu_rejected, in->gpu_rejected_target))) < 0)
         goto fail;
     return d;
 fail:
@@ -353,7 +555,7 @@ PyObject *fmha_explain_plan_for_device(PyObject *module, PyObject *args, PyObjec
     fmha_explain_input in = {
         .p = &p, .target = &target, .plan = &plan, .plan_ok = status == FMHA_OK,
         .requested_splits = num_splits, .dtype_name = dtype, .kv_cache = lens != NULL,
-        .inputs_on_host = 0, .device_ordinal = 0,
+        .inputs_on_host = 1, .device_ordinal = 0, /* described as host arrays */
     };
     PyObject *d = fmha_explain_dict(&in);
     if (d && status != FMHA_OK) {

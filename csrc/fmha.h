@@ -103,8 +103,9 @@ typedef struct fmha_fwd_params {
                                long entries get more non-empty splits); 0 = each entry's blocks
                                divided by num_splits.  Decode tiles' splits take the blocks
                                interleaved (fwd_mma.h make_work), prefill tiles' contiguous */
-    int stream_splits;      /* GPU: streams (fmha_config.h) that share one split's key blocks,
-                               block j of the split going to stream j % stream_splits, and
+    int walkers_per_split;  /* GPU: walkers (fmha_config.h: groups of a CTA's warps, each with
+                               its own Q tile and K/V ring) that share one split's key blocks,
+                               block j of the split going to walker j % walkers_per_split, and
                                merge in shared memory; 1, 2 or 4 (CPU: 1) */
     int kv_read_once;       /* GPU decode tiles: ask L2 to evict the K/V lines they read first
                                (plan.c says when); 0 = the cache's own replacement */
@@ -165,32 +166,74 @@ typedef struct fmha_device_info {
     int ctas_per_sm[FMHA_GPU_KERNELS][FMHA_GPU_MAX_CONFIGS];
 } fmha_device_info;
 
-/* One requirement of a backend's capability gate. */
-#define FMHA_GATE_MAX 8
+/*
+ * The GPU kernels read q, k, v, k_new and v_new rows in 16-byte chunks
+ * (cp.async) and write out in pairs of 16-bit elements: a row must start on a
+ * multiple of these element counts, else gpu.c stages the operand into an
+ * aligned copy (and the plan says so).
+ */
+#define FMHA_GPU_ELEM_BYTES 2
+#define FMHA_GPU_ALIGN_IN 8  /* elements: 16 bytes */
+#define FMHA_GPU_ALIGN_OUT 2 /* elements: 4 bytes */
+
+/* The items of a backend's capability gate, in the order explain() lists them. */
+typedef enum fmha_gate_id {
+    FMHA_GATE_DEVICE = 0,   /* GPU: kernels built in and a device visible; a = SMs or CUs */
+    FMHA_GATE_ARCH = 1,     /* GPU: cc >= 8.0 (a, b = major, minor) or an AMD arch built */
+    FMHA_GATE_DTYPE = 2,    /* a = fmha_dtype */
+    FMHA_GATE_HEAD_DIM = 3, /* a = head_dim; GPU: a row of fmha_config.h, CPU: 1..max */
+    FMHA_GATE_ALIGNMENT = 4,/* GPU, always met: a = 1 when no operand needs staging */
+    FMHA_GATE_COUNT
+} fmha_gate_id;
+
+/* Why a GPU gate item named device is (not) met, in its `b`. */
+enum { FMHA_DEVICE_OK = 0, FMHA_DEVICE_NOT_BUILT = 1, FMHA_DEVICE_NONE_VISIBLE = 2 };
+
 typedef struct fmha_gate_item {
-    const char *name;       /* "arch", "dtype", "head_dim", ... (static string) */
+    fmha_gate_id id;
     int met;
-    char why[128];
+    int64_t a, b;           /* the numbers explain() words it with (see fmha_gate_id) */
 } fmha_gate_item;
+
+/* How the split count was decided. */
+typedef enum fmha_split_rule {
+    FMHA_SPLITS_FORCED = 0,    /* the caller's num_splits, clamped to the key blocks */
+    FMHA_SPLITS_HEURISTIC = 1, /* equal tiles: the time model's best count */
+    FMHA_SPLITS_RAGGED = 2,    /* per-entry key lengths: equal chunks of `chunk` key blocks */
+} fmha_split_rule;
+
+/* The numbers behind the split decision, for explain(). */
+typedef struct fmha_split_why {
+    fmha_split_rule rule;
+    int requested;          /* FORCED: the caller's count */
+    int64_t key_blocks;     /* key blocks of a tile (ragged: of the longest entry) */
+    int64_t tiles;          /* work tiles (ragged: tiles of one entry) */
+    int64_t units;          /* SMs or CPU threads */
+    int64_t slots;          /* units x resident CTAs each */
+    int64_t waves;          /* HEURISTIC: waves of CTAs over the slots */
+    double busy;            /* HEURISTIC: share of the slots busy over those waves */
+    int64_t total_blocks;   /* RAGGED: key blocks of the whole batch */
+    int64_t chunk;          /* RAGGED: key blocks per split */
+} fmha_split_why;
 
 /*
  * The planner's answer to both "is this supported here?" and "which kernel,
- * which tiles, how many splits?".  explain() shows it; the backends run it.
+ * which tiles, how many splits?", in numbers and reason codes only:
+ * explain.c words it, the backends run it (fmha_plan_apply).
  */
 typedef struct fmha_plan {
     fmha_backend backend;
     int supported;          /* every gate item met */
-    char kernel[64];        /* human-readable kernel name */
-    int kernel_id;
+    int kernel_id;          /* FMHA_KERNEL_* (fmha_config.h) */
     int num_splits;         /* effective split count */
     int block_m, block_n;
     int pack_gqa;
     int split_blocks;       /* see fmha_fwd_params.split_blocks */
-    int stream_splits;      /* see fmha_fwd_params.stream_splits */
+    int walkers_per_split;  /* see fmha_fwd_params.walkers_per_split */
     int kv_read_once;       /* see fmha_fwd_params.kv_read_once */
     int n_gate;
-    fmha_gate_item gate[FMHA_GATE_MAX];
-    char reason[400];       /* why this kernel and split count (or why unsupported) */
+    fmha_gate_item gate[FMHA_GATE_COUNT];
+    fmha_split_why split;   /* valid when supported */
 } fmha_plan;
 
 /* ---- planner (plan.c) ---- */
@@ -213,6 +256,9 @@ typedef struct fmha_target {
  */
 fmha_status fmha_plan_make(const fmha_fwd_params *p, const fmha_target *target,
                            int requested_splits, fmha_plan *plan);
+
+/* The AMD archs the gate of target compares against (';'-separated). */
+const char *fmha_plan_hip_archs(const fmha_target *target);
 
 /* Copy the plan's choices into the params the backend reads. */
 void fmha_plan_apply(const fmha_plan *plan, fmha_fwd_params *p);
@@ -250,7 +296,6 @@ const char *fmha_gpu_error_string(void); /* text of the last FMHA_ERR_RUNTIME on
 typedef enum fmha_copy_kind {
     FMHA_COPY_H2D = 0,
     FMHA_COPY_D2H = 1,
-    FMHA_COPY_D2D = 2,
 } fmha_copy_kind;
 fmha_status fmha_gpu_malloc(int device, void *stream, size_t bytes, void **ptr);
 fmha_status fmha_gpu_free(int device, void *stream, void *ptr);

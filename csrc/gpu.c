@@ -107,14 +107,15 @@ typedef struct operand {
 } operand;
 
 /*
- * Kernels read rows in 16-byte chunks and write out in element pairs.  An
+ * Kernels read rows in 16-byte chunks and write out in element pairs
+ * (fmha.h: FMHA_GPU_ALIGN_*, the rule the planner reports too).  An
  * operand whose rows are not aligned so is copied into compact scratch (and,
  * when the kernels write it, copied back afterwards) - the contract admits any
  * strides, the fast path needs aligned ones.
  */
 static fmha_status stage(const fmha_fwd_params *p, call_scratch *s, operand *o, fmha_rows_view *orig)
 {
-    const int64_t elem = 2;
+    const int64_t elem = FMHA_GPU_ELEM_BYTES;
     orig->data = *o->data;
     orig->batch_stride = *o->batch_stride;
     orig->row_stride = *o->row_stride;
@@ -142,7 +143,7 @@ static fmha_status stage(const fmha_fwd_params *p, call_scratch *s, operand *o, 
 
 static fmha_status run_staged(fmha_fwd_params *p, call_scratch *s)
 {
-    const int64_t chunk = 8, pair = 2;
+    const int64_t chunk = FMHA_GPU_ALIGN_IN, pair = FMHA_GPU_ALIGN_OUT; /* fmha.h */
     const int append = p->k_new != NULL;
     operand ops[] = {
         {(void **)&p->q, &p->q_batch_stride, &p->q_row_stride, &p->q_head_stride, p->seqlen_q, p->heads_q, chunk, 0},
