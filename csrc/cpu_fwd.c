@@ -75,7 +75,12 @@
 
 static _Atomic(const fmha_cpu_kernels *) g_kernels;
 
-/* FMHA_CPU_SIMD=scalar|avx2|avx512 can lower the choice (tests, A/B timing); never raise it. */
+/*
+ * FMHA_CPU_SIMD=scalar|avx2|avx512 can lower the choice (tests, A/B timing); never
+ * raise it.  Unset, empty, "auto" or any other value means the best path the CPU
+ * has; fmha_native/__init__.py warns about a value outside that list (keep the
+ * names in step with its _SIMD_NAMES).
+ */
 static int isa_env_cap(void)
 {
     const char *env = getenv("FMHA_CPU_SIMD");
@@ -85,7 +90,7 @@ static int isa_env_cap(void)
         return FMHA_ISA_SCALAR;
     if (strcmp(env, "avx2") == 0)
         return FMHA_ISA_AVX2;
-    return FMHA_ISA_AVX512;
+    return FMHA_ISA_AVX512; /* "avx512", "auto" and anything else */
 }
 
 static const fmha_cpu_kernels *select_kernels(void)

@@ -17,13 +17,23 @@
 
 #include "cpu_pool.h"
 
-#include <errno.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <unistd.h>
 
+/*
+ * FMHA_NUM_THREADS is honoured up to FMHA_POOL_THREADS_PER_CPU threads per online
+ * CPU.  More pool threads than CPUs never run at once: every job is split among all
+ * participants and waits for the last one, so each thread past the CPU count only
+ * adds a time slice to the job's end (1024 threads on 2 CPUs ran several times
+ * slower).  A few per CPU are still allowed, so that tests and schedule
+ * experiments can run more workers than a small machine has CPUs.
+ * fmha_native/__init__.py applies the same rules and warns about a value that is
+ * not a whole number >= 1 or is over the cap; keep the two in step.
+ */
+#define FMHA_POOL_THREADS_PER_CPU 4
 /* Upper bound on pool threads, whatever FMHA_NUM_THREADS or the machine says. */
 #define FMHA_POOL_MAX_THREADS 1024
 /* Decimal base for parsing FMHA_NUM_THREADS. */
@@ -60,18 +70,28 @@ static int g_atfork_registered;
 
 static int pool_size_from_env(void)
 {
-    const char *env = getenv("FMHA_NUM_THREADS");
-    if (env && *env) {
-        char *end = NULL;
-        errno = 0;
-        long n = strtol(env, &end, FMHA_POOL_ENV_BASE);
-        if (errno == 0 && end && *end == '\0' && n > 0)
-            return n > FMHA_POOL_MAX_THREADS ? FMHA_POOL_MAX_THREADS : (int)n;
-    }
     long online = sysconf(_SC_NPROCESSORS_ONLN);
     if (online < 1)
-        return 1;
-    return online > FMHA_POOL_MAX_THREADS ? FMHA_POOL_MAX_THREADS : (int)online;
+        online = 1;
+    if (online > FMHA_POOL_MAX_THREADS)
+        online = FMHA_POOL_MAX_THREADS;
+    long cap = online * FMHA_POOL_THREADS_PER_CPU;
+    if (cap > FMHA_POOL_MAX_THREADS)
+        cap = FMHA_POOL_MAX_THREADS;
+    const char *env = getenv("FMHA_NUM_THREADS");
+    if (!env || !*env)
+        return (int)online;
+    /* Decimal digits only (no sign, no blanks); anything else, or 0, means the default. */
+    long n = 0;
+    for (const char *p = env; *p; p++) {
+        if (*p < '0' || *p > '9')
+            return (int)online;
+        if (n <= cap)  /* saturate: past the cap the exact value does not matter */
+            n = n * FMHA_POOL_ENV_BASE + (*p - '0');
+    }
+    if (n == 0)
+        return (int)online;
+    return n > cap ? (int)cap : (int)n;
 }
 
 int fmha_pool_size(void)

@@ -16,25 +16,88 @@ Layout: q [batch, seqlen_q, heads_q, head_dim], k and v
 # (the repository root on sys.path) this package is the tree's own copy of the
 # Python files, and it still finds the compiled part that `pip install .` put in
 # site-packages.
+import os as _os
+import warnings as _warnings
+from inspect import Parameter as _Parameter, Signature as _Signature
+
+# The version these Python files were written for; the extension must say the same
+# (csrc/fmha.h FMHA_VERSION), or the two halves come from different builds.
+__version__ = "0.1.0"
+
 try:
     import _fmha_native as _C
 except ImportError as exc:  # pragma: no cover - a setup problem, said plainly
     raise ImportError("fmha_native's compiled extension _fmha_native is missing: install the "
                       "package with `pip install .` from the repository root") from exc
 
+if getattr(_C, "__version__", None) != __version__:
+    raise ImportError(
+        f"fmha_native {__version__} (Python files in {_os.path.dirname(__file__)}) found the "
+        f"compiled extension _fmha_native {getattr(_C, '__version__', '(no version)')} "
+        f"({getattr(_C, '__file__', '?')}): the two come from different builds. Reinstall with "
+        "`pip install .` in the checkout these files come from (or import fmha_native from "
+        "outside the repository to use the installed copy)")
+
 FmhaError = _C.FmhaError
 Tensor = _C.Tensor
 info = _C.info
-__version__ = _C.__version__
 
 __all__ = ["FmhaError", "Tensor", "combine", "explain", "forward", "info", "reference",
            "__version__"]
 
-# Input keywords of forward/explain that a torch caller may pass with
-# requires_grad set (DLPack refuses those; this library computes forward only).
-# out and lse are not among them: they are returned as the very objects given.
-_INPUT_KEYWORDS = ("cache_seqlens", "k_new", "v_new")
 
+# ---------------------------------------------------------------------------
+# Run-time environment: FMHA_NUM_THREADS and FMHA_CPU_SIMD are read by the C side
+# (csrc/cpu_pool.c, csrc/cpu_fwd.c) at the CPU backend's first use, with the rules
+# below; a value they cannot honour is replaced there silently, so it is reported
+# here, at import, as a RuntimeWarning that names what is used instead.
+# ---------------------------------------------------------------------------
+
+# Pool threads per online CPU at most, and overall (csrc/cpu_pool.c has the same
+# numbers and says why).
+_THREADS_PER_CPU_CAP = 4
+_THREADS_HARD_CAP = 1024
+_SIMD_NAMES = ("auto", "scalar", "avx2", "avx512")
+
+
+def _online_cpus():
+    try:
+        online = _os.sysconf("SC_NPROCESSORS_ONLN")
+    except (AttributeError, OSError, ValueError):
+        online = _os.cpu_count() or 1
+    return max(1, min(online, _THREADS_HARD_CAP))
+
+
+def _environment_problems(environ):
+    """Messages for the FMHA_* run-time variables in environ that the C side will not
+    take as given, each saying what it uses instead; [] when all is well."""
+    problems = []
+    text = environ.get("FMHA_NUM_THREADS", "")
+    if text:
+        online = _online_cpus()
+        cap = min(_THREADS_HARD_CAP, _THREADS_PER_CPU_CAP * online)
+        digits = text.isascii() and text.isdigit()
+        # Past 18 digits the value is over any cap (and int() of thousands of digits raises).
+        count = (int(text) if len(text) <= 18 else cap + 1) if digits else 0
+        if count == 0:
+            problems.append(f"FMHA_NUM_THREADS={text!r} is not a whole number >= 1; using "
+                            f"{online} threads (the online CPUs)")
+        elif count > cap:
+            problems.append(f"FMHA_NUM_THREADS={text} is more than {cap} ({_THREADS_PER_CPU_CAP} "
+                            f"per online CPU, at most {_THREADS_HARD_CAP}); using {cap} threads")
+    simd = environ.get("FMHA_CPU_SIMD", "")
+    if simd and simd not in _SIMD_NAMES:
+        problems.append(f"FMHA_CPU_SIMD={simd!r} is not one of {', '.join(_SIMD_NAMES)}; using "
+                        "auto (the best SIMD path this CPU has)")
+    return problems
+
+
+def _warn_environment():
+    for problem in _environment_problems(_os.environ):
+        _warnings.warn(problem, RuntimeWarning, stacklevel=3)
+
+
+_warn_environment()
 
 # The torch module and its Tensor type, set the first time a torch tensor is
 # seen (this module never imports torch itself), and the cheapest way to ask
@@ -43,18 +106,26 @@ _torch = None
 _torch_tensor = None
 _torch_raw_stream = None
 
+# type -> "torch", "cupy" or None, filled as types are met: the module-name test
+# below costs more than the rest of a NumPy call's Python glue.
+_library_of_type = {}
+
 
 def _library(obj):
     """'torch', 'cupy' or None: which known array library made obj."""
     cls = type(obj)
-    if cls is _torch_tensor:
-        return "torch"
-    module = cls.__module__ or ""
+    try:
+        return _library_of_type[cls]
+    except KeyError:
+        pass
+    module = getattr(cls, "__module__", None) or ""
+    lib = None
     if module == "torch" or module.startswith("torch."):
-        return "torch"
-    if module == "cupy" or module.startswith("cupy."):
-        return "cupy"
-    return None
+        lib = "torch"
+    elif module == "cupy" or module.startswith("cupy."):
+        lib = "cupy"
+    _library_of_type[cls] = lib
+    return lib
 
 
 def _load_torch():
@@ -100,11 +171,31 @@ def _cupy_context(q, kw):
     return q.device, kw
 
 
-def _detach(x):
-    """x without autograd history (shares memory), for a torch input that has one."""
-    if (type(x) is _torch_tensor or _library(x) == "torch") and x.requires_grad:
-        return x.detach()
-    return x
+def _no_grad_input(name, x):
+    """x without autograd history (shares memory) when it is a torch tensor that
+    requires grad; under grad mode such a tensor is refused: this library computes
+    the forward only, so a result that autograd would treat as differentiable (or an
+    output written behind autograd's back) would be silently wrong."""
+    if _library(x) != "torch" or not x.requires_grad:
+        return x
+    if _torch.is_grad_enabled():
+        raise ValueError(
+            f"{name} requires grad, but fmha_native computes the attention forward only (no "
+            f"backward): call it under torch.no_grad() or torch.inference_mode(), or pass "
+            f"{name}.detach()")
+    return x.detach()
+
+
+# Tensor arguments of forward/explain and of combine, checked by _no_grad_input.
+_FORWARD_TENSOR_KEYWORDS = ("out", "lse", "cache_seqlens", "k_new", "v_new")
+_COMBINE_TENSOR_KEYWORDS = ("out", "lse")
+
+
+def _no_grad_keywords(kw, names):
+    for name in names:
+        x = kw.get(name)
+        if x is not None:
+            kw[name] = _no_grad_input(name, x)
 
 
 def _forward_outputs(q, kw, empty, float32):
@@ -121,12 +212,10 @@ def _prepare(lib, q, k, v, kw, allocate):
     """Common glue of forward/explain for torch or CuPy q: (context or None, q, k, v, kw)."""
     kw = dict(kw)
     if lib == "torch":
-        q, k, v = _detach(q), _detach(k), _detach(v)
+        _load_torch()
+        q, k, v = _no_grad_input("q", q), _no_grad_input("k", k), _no_grad_input("v", v)
         if kw:
-            for key in _INPUT_KEYWORDS:
-                x = kw.get(key)
-                if x is not None:
-                    kw[key] = _detach(x)
+            _no_grad_keywords(kw, _FORWARD_TENSOR_KEYWORDS)
         ctx, kw = _torch_context(q, kw)
         # Only a well-formed q gets outputs here, and device tensors with
         # device="cpu" get none: _C reports those errors.
@@ -146,15 +235,19 @@ def _prepare(lib, q, k, v, kw, allocate):
 
 
 def _dispatch(fn, q, k, v, kw, allocate):
-    """fn(q, k, v, **kw) in the context the inputs' library needs (see _prepare)."""
-    lib = _library(q)
-    if lib is None:
-        return fn(q, k, v, **kw)
-    ctx, q, k, v, kw = _prepare(lib, q, k, v, kw, allocate=allocate)
+    """fn(q, k, v, **kw) for torch or CuPy q, in the context their library needs."""
+    ctx, q, k, v, kw = _prepare(_library(q), q, k, v, kw, allocate=allocate)
     if ctx is None:
         return fn(q, k, v, **kw)
     with ctx:
         return fn(q, k, v, **kw)
+
+
+# forward, explain and combine take **kw and hand it to the C functions, which bind
+# and check the keywords themselves (and name a wrong one); Python-level parameters
+# would add the cost of binding every keyword twice to each call.  Their signatures
+# (for inspect.signature, help() and IDEs; fmha_native/__init__.pyi has the types)
+# are attached below, and tests/test_api.py checks them against the C argument lists.
 
 
 def forward(q, k, v, **kw):
@@ -162,14 +255,24 @@ def forward(q, k, v, **kw):
     return_lse=True, out=None, lse=None, device=None, stream=None,
     cache_seqlens=None, k_new=None, v_new=None) -> (out, lse) or out
 
-    Attention forward.  ``num_splits``: 0 = heuristic, 1 = no split, >= 2 = forced
-    (clamped to the key blocks).  ``device``: None (where the inputs live), "cpu",
-    "gpu"/"cuda"/"hip".  ``stream``: an integer stream handle; for torch and CuPy
-    inputs it defaults to the caller's current stream.  With ``cache_seqlens``
-    (int32 [batch]) k and v are a KV cache of capacity seqlen_k; ``k_new`` and
-    ``v_new`` [batch, seqlen_new, heads_kv, head_dim] are written into it at
-    cache_seqlens[b] before attending.
+    Attention forward.  q [batch, seqlen_q, heads_q, head_dim], k and v
+    [batch, seqlen_k, heads_kv, head_dim] (sequence before heads: a torch SDPA
+    tensor [batch, heads, seq, dim] needs .transpose(1, 2) first).  Returns
+    (out, lse): out like q, lse float32 [batch, heads_q, seqlen_q] (natural log);
+    out alone when return_lse is false.
+
+    ``causal``: bottom-right aligned mask.  ``softmax_scale``: default
+    1/sqrt(head_dim).  ``num_splits``: 0 = heuristic, 1 = no split, >= 2 = forced
+    (clamped to the key blocks).  ``out``/``lse``: written in place and returned.
+    ``device``: None (where the inputs live), "cpu", "gpu"/"cuda"/"hip".
+    ``stream``: an integer stream handle; for torch and CuPy inputs it defaults to
+    the caller's current stream.  With ``cache_seqlens`` (int32 [batch]) k and v are
+    a KV cache of capacity seqlen_k; ``k_new`` and ``v_new`` [batch, seqlen_new,
+    heads_kv, head_dim] are written into it at cache_seqlens[b] before attending.
+    Forward only: torch tensors that require grad are refused under grad mode.
     """
+    if _library(q) is None:
+        return _C.forward(q, k, v, **kw)
     return _dispatch(_C.forward, q, k, v, kw, allocate=True)
 
 
@@ -178,8 +281,10 @@ def explain(q, k, v, **kw):
 
     The plan forward would run, without running it: backend, kernel, effective
     num_splits, block_m, block_n, pack_gqa, reason, gate ({requirement: {"met",
-    "why"}}), supported, and the problem's dimensions.
+    "why"}}), supported, and the problem's dimensions.  Validates like forward.
     """
+    if _library(q) is None:
+        return _C.explain(q, k, v, **kw)
     return _dispatch(_C.explain, q, k, v, kw, allocate=False)
 
 
@@ -192,18 +297,24 @@ def combine(outs, lses, **kw):
     [batch, seqlen_q, heads, head_dim]; lse is float32 [batch, heads, seqlen_q].
     """
     lib = _library(outs)
+    if lib is None:
+        return _C.combine(outs, lses, **kw)
     ctx = None
-    if lib == "torch" and outs.dim() == 5:
-        outs, lses = _detach(outs), _detach(lses)
-        ctx, kw = _torch_context(outs, dict(kw))
-        torch = _torch
-        g, batch, seqlen_q, heads, head_dim = outs.shape
-        if kw.get("out") is None:
-            kw["out"] = torch.empty((batch, seqlen_q, heads, head_dim), dtype=outs.dtype,
-                                    device=outs.device)
-        if kw.get("lse") is None:
-            kw["lse"] = torch.empty((batch, heads, seqlen_q), dtype=torch.float32,
-                                    device=outs.device)
+    if lib == "torch":
+        _load_torch()
+        outs, lses = _no_grad_input("outs", outs), _no_grad_input("lses", lses)
+        kw = dict(kw)
+        _no_grad_keywords(kw, _COMBINE_TENSOR_KEYWORDS)
+        if outs.dim() == 5:
+            ctx, kw = _torch_context(outs, kw)
+            torch = _torch
+            g, batch, seqlen_q, heads, head_dim = outs.shape
+            if kw.get("out") is None:
+                kw["out"] = torch.empty((batch, seqlen_q, heads, head_dim), dtype=outs.dtype,
+                                        device=outs.device)
+            if kw.get("lse") is None:
+                kw["lse"] = torch.empty((batch, heads, seqlen_q), dtype=torch.float32,
+                                        device=outs.device)
     elif lib == "cupy" and outs.ndim == 5:
         import cupy
 
@@ -217,6 +328,26 @@ def combine(outs, lses, **kw):
         return _C.combine(outs, lses, **kw)
     with ctx:
         return _C.combine(outs, lses, **kw)
+
+
+def _signature(positional, keywords):
+    """A Signature: positional-or-keyword names, then keyword-only (name, default) pairs."""
+    params = [_Parameter(name, _Parameter.POSITIONAL_OR_KEYWORD) for name in positional]
+    params += [_Parameter(name, _Parameter.KEYWORD_ONLY, default=default)
+               for name, default in keywords]
+    return _Signature(params)
+
+
+# The C argument lists (csrc/module.c fwd_arg_names and combine_arg_names) and the
+# defaults the C side applies when a keyword is left out.
+_FORWARD_KEYWORDS = (("causal", False), ("softmax_scale", None), ("num_splits", 0),
+                     ("return_lse", True), ("out", None), ("lse", None), ("device", None),
+                     ("stream", None), ("cache_seqlens", None), ("k_new", None),
+                     ("v_new", None))
+_COMBINE_KEYWORDS = (("out", None), ("lse", None), ("stream", None))
+forward.__signature__ = _signature(("q", "k", "v"), _FORWARD_KEYWORDS)
+explain.__signature__ = _signature(("q", "k", "v"), _FORWARD_KEYWORDS)
+combine.__signature__ = _signature(("outs", "lses"), _COMBINE_KEYWORDS)
 
 
 from . import reference  # noqa: E402  (the float64 oracle; needs only NumPy)

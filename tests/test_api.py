@@ -1,6 +1,12 @@
 """The Python surface: output kinds and dtypes, out=/lse=, return_lse, inputs left
-untouched, reference counts, explain() and info()."""
+untouched, reference counts, explain() and info(), signatures and the type stub, the
+version check against the extension, and torch tensors that require grad."""
+import ast
 import gc
+import inspect
+import os
+import re
+import subprocess
 import sys
 import time
 
@@ -233,3 +239,167 @@ def test_device_gpu_without_gpu(name):
     q, k, v = make_qkv(rng, 1, 2, 8, 1, 1, 64, "f16")
     with pytest.raises(ValueError, match="device|GPU|gpu"):
         fmha_native.forward(q, k, v, device=name)
+
+
+# The C argument lists, written from DESIGN.md's API section: (name, default) after the
+# positional arguments.
+FORWARD_KEYWORDS = [("causal", False), ("softmax_scale", None), ("num_splits", 0),
+                    ("return_lse", True), ("out", None), ("lse", None), ("device", None),
+                    ("stream", None), ("cache_seqlens", None), ("k_new", None), ("v_new", None)]
+COMBINE_KEYWORDS = [("out", None), ("lse", None), ("stream", None)]
+
+
+@pytest.mark.parametrize("name, positional, keywords", [
+    ("forward", ["q", "k", "v"], FORWARD_KEYWORDS),
+    ("explain", ["q", "k", "v"], FORWARD_KEYWORDS),
+    ("combine", ["outs", "lses"], COMBINE_KEYWORDS)])
+def test_signatures_show_the_keywords(name, positional, keywords):
+    sig = inspect.signature(getattr(fmha_native, name))
+    params = list(sig.parameters.values())
+    assert [p.name for p in params] == positional + [k for k, _ in keywords]
+    for p in params[:len(positional)]:
+        assert p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD and p.default is p.empty
+    for p, (_, default) in zip(params[len(positional):], keywords):
+        assert p.kind is inspect.Parameter.KEYWORD_ONLY
+        assert p.default == default and type(p.default) is type(default), p
+
+
+def _at_most(fn, *args):
+    """The argument count the C function admits, from its too-many-arguments message."""
+    with pytest.raises(TypeError) as info:
+        fn(*args)
+    m = re.search(r"takes at most (\d+) (?:keyword )?arguments", str(info.value))
+    assert m, str(info.value)
+    return int(m.group(1))
+
+
+def test_signatures_match_the_c_argument_lists():
+    """Every keyword of the Python signatures is one the extension binds, with the
+    extension's own default (passing it changes nothing), and there are no others."""
+    c = sys.modules["_fmha_native"]
+    rng = np.random.default_rng(6900)
+    q, k, v = make_qkv(rng, 1, 3, 20, 2, 1, 16, "f32")
+    fwd = inspect.signature(fmha_native.forward).parameters
+    assert _at_most(c.forward, *range(len(fwd) + 1)) == len(fwd)
+    assert _at_most(c.explain, *range(len(fwd) + 1)) == len(fwd)
+    keywords = {name: p.default for name, p in fwd.items() if p.kind is p.KEYWORD_ONLY}
+    keywords["device"] = "cpu"  # None may pick a GPU; the point is that the names bind
+    base = {"device": "cpu"}
+    assert fmha_native.explain(q, k, v, **keywords) == fmha_native.explain(q, k, v, **base)
+    out, lse = fmha_native.forward(q, k, v, **keywords)
+    ref_out, ref_lse = fmha_native.forward(q, k, v, **base)
+    assert bits(out) == bits(ref_out) and bits(lse) == bits(ref_lse)
+
+    comb = inspect.signature(fmha_native.combine).parameters
+    assert _at_most(c.combine, *range(len(comb) + 1)) == len(comb)
+    outs = np.stack([out, out])
+    lses = np.stack([lse, lse])
+    keywords = {name: p.default for name, p in comb.items() if p.kind is p.KEYWORD_ONLY}
+    got = fmha_native.combine(outs, lses, **keywords)
+    want = fmha_native.combine(outs, lses)
+    assert bits(got[0]) == bits(want[0]) and bits(got[1]) == bits(want[1])
+
+
+def test_stub_and_py_typed_ship_with_the_package():
+    here = os.path.dirname(os.path.abspath(fmha_native.__file__))
+    assert os.path.isfile(os.path.join(here, "py.typed"))
+    stub = os.path.join(here, "__init__.pyi")
+    tree = ast.parse(open(stub, encoding="utf-8").read())
+    defined = {node.name for node in ast.walk(tree)
+               if isinstance(node, (ast.FunctionDef, ast.ClassDef))}
+    assert {"forward", "explain", "combine", "info", "Tensor", "FmhaError"} <= defined
+    # Each stub overload of forward lists the keywords of the runtime signature.
+    runtime = list(inspect.signature(fmha_native.forward).parameters)
+    overloads = [node for node in tree.body
+                 if isinstance(node, ast.FunctionDef) and node.name == "forward"]
+    assert overloads
+    for node in overloads:
+        names = [a.arg for a in node.args.args + node.args.kwonlyargs]
+        assert names == runtime
+
+
+def test_version_matches_the_extension_and_the_project():
+    assert fmha_native.__version__ == sys.modules["_fmha_native"].__version__
+    assert fmha_native.__version__ == fmha_native.info()["version"]
+    root = os.path.dirname(os.path.dirname(os.path.abspath(fmha_native.__file__)))
+    pyproject = os.path.join(root, "pyproject.toml")
+    if not os.path.isfile(pyproject):
+        pytest.skip("no pyproject.toml beside the package (an installed copy)")
+    import tomllib
+
+    with open(pyproject, "rb") as f:
+        project = tomllib.load(f)["project"]
+    if "version" in project:
+        assert project["version"] == fmha_native.__version__
+
+
+def test_mismatched_extension_is_refused(tmp_path):
+    """Python files of one version with an extension of another (the repository's
+    fmha_native/ next to an older installed _fmha_native) raise ImportError that says
+    to reinstall."""
+    (tmp_path / "_fmha_native.py").write_text("__version__ = '0.0.0-old'\n")
+    package_parent = os.path.dirname(os.path.dirname(os.path.abspath(fmha_native.__file__)))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), package_parent]))
+    res = subprocess.run([sys.executable, "-c", "import fmha_native"], capture_output=True,
+                         text=True, env=env, cwd=str(tmp_path), timeout=120)
+    assert res.returncode != 0
+    last = res.stderr.strip().splitlines()[-1]
+    assert last.startswith("ImportError"), res.stderr
+    assert "0.0.0-old" in last and fmha_native.__version__ in last and "pip install" in last
+
+
+def _torch_or_skip():
+    try:
+        import torch
+    except ImportError:
+        pytest.skip("torch is not installed (pip install torch adds these tests)")
+    return torch
+
+
+def _torch_problem(torch, requires_grad=()):
+    gen = torch.Generator().manual_seed(6950)
+    q = torch.randn(1, 5, 4, 16, generator=gen)
+    k = torch.randn(1, 9, 2, 16, generator=gen)
+    v = torch.randn(1, 9, 2, 16, generator=gen)
+    named = {"q": q, "k": k, "v": v}
+    for name in requires_grad:
+        named[name].requires_grad_(True)
+    return named
+
+
+@pytest.mark.parametrize("which", ["q", "k", "v"])
+@pytest.mark.parametrize("fn", ["forward", "explain"])
+def test_torch_requires_grad_refused_under_grad_mode(fn, which):
+    torch = _torch_or_skip()
+    t = _torch_problem(torch, requires_grad=[which])
+    assert torch.is_grad_enabled()
+    with pytest.raises(ValueError, match=rf"^{which} requires grad.*torch\.no_grad\(\).*"
+                                         r"torch\.inference_mode\(\)"):
+        getattr(fmha_native, fn)(t["q"], t["k"], t["v"], device="cpu")
+
+
+def test_torch_requires_grad_out_and_combine_refused():
+    torch = _torch_or_skip()
+    t = _torch_problem(torch)
+    out = torch.zeros(1, 5, 4, 16, requires_grad=True)
+    with pytest.raises(ValueError, match=r"^out requires grad"):
+        fmha_native.forward(t["q"], t["k"], t["v"], out=out, device="cpu")
+    assert (out == 0).all()
+    outs = torch.randn(2, 1, 5, 4, 16, requires_grad=True)
+    lses = torch.randn(2, 1, 4, 5)
+    with pytest.raises(ValueError, match=r"^outs requires grad"):
+        fmha_native.combine(outs, lses)
+    param = torch.nn.Parameter(t["k"].clone())  # requires grad by default
+    with pytest.raises(ValueError, match=r"^k requires grad"):
+        fmha_native.forward(t["q"], param, t["v"], device="cpu")
+
+
+@pytest.mark.parametrize("mode", ["no_grad", "inference_mode"])
+def test_torch_requires_grad_runs_without_grad_mode(mode):
+    torch = _torch_or_skip()
+    t = _torch_problem(torch, requires_grad=["q", "k", "v"])
+    with getattr(torch, mode)():
+        out, lse = fmha_native.forward(t["q"], t["k"], t["v"], causal=True, device="cpu")
+    assert not out.requires_grad
+    ref_out, ref_lse = reference.forward(t["q"], t["k"], t["v"], causal=True)
+    assert_close(as_f64(out), as_f64(lse), ref_out, ref_lse, "f32")
