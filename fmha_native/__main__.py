@@ -3,7 +3,8 @@
 Owns the command-line demo: it prints what the build has (info), the plan for the
 problem (explain), runs it on the best backend present, checks it against the float64
 reference (on one kv head's group of query heads when the problem is large), and
-prints the error, the median time, TFLOP/s and GB/s.  Exits 1 when the check fails.
+prints the error, the median time, the FLOP rate and the bytes moved per second.
+Exits 1 when the check fails, 2 on a bad argument (one line on stderr, no traceback).
 """
 import argparse
 import statistics
@@ -20,15 +21,56 @@ GPU_DEFAULT_SHAPE = (2, 16, 4, 1024, 1024, 128)
 CPU_DEFAULT_SHAPE = (1, 8, 2, 512, 512, 64)
 SHAPE_FIELDS = ("batch", "heads_q", "heads_kv", "seqlen_q", "seqlen_k", "head_dim")
 
+# Element types by the names NumPy and torch give them; --dtype also takes the short forms.
+DTYPES = ("float32", "float16", "bfloat16")
+DTYPE_ALIASES = {"f32": "float32", "fp32": "float32", "f16": "float16", "fp16": "float16",
+                 "half": "float16", "bf16": "bfloat16"}
+
 # Accuracy contract (DESIGN.md section 2).
-OUT_RTOL = {"f32": 1e-5, "f16": 2e-3, "bf16": 1e-2}
-LSE_ATOL = {"f32": 1e-4, "f16": 1e-2, "bf16": 1e-2}
+OUT_RTOL = {"float32": 1e-5, "float16": 2e-3, "bfloat16": 1e-2}
+LSE_ATOL = {"float32": 1e-4, "float16": 1e-2, "bfloat16": 1e-2}
 
 WARMUP_RUNS = 2
 GPU_RUNS = 20
 CPU_RUNS = 5
-TERA = 1e12
-GIGA = 1e9
+# Rate units, largest first: a rate is shown in the largest one it reaches.
+RATE_UNITS = ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"))
+
+
+PROG = "python -m fmha_native"
+
+
+def fail(message):
+    """Exit status 2 with message as one line on stderr (a bad argument or problem)."""
+    print(f"{PROG}: error: {message}", file=sys.stderr)
+    return 2
+
+
+class _Parser(argparse.ArgumentParser):
+    """Argument errors as one line on stderr and exit status 2 (argparse's own prints
+    the whole usage first)."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def _count(minimum, what):
+    def parse(text):
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < minimum:
+            raise argparse.ArgumentTypeError(f"wants {what}, got {text!r}")
+        return value
+    return parse
+
+
+def parse_dtype(text):
+    name = DTYPE_ALIASES.get(text.lower(), text.lower())
+    if name not in DTYPES:
+        raise argparse.ArgumentTypeError(f"wants one of {', '.join(DTYPES)}, got {text!r}")
+    return name
 
 
 def parse_shape(text):
@@ -38,24 +80,29 @@ def parse_shape(text):
         dims = ()
     if len(dims) != len(SHAPE_FIELDS) or min(dims) < 0:
         raise argparse.ArgumentTypeError(
-            f"--shape wants {len(SHAPE_FIELDS)} non-negative integers "
+            f"wants {len(SHAPE_FIELDS)} non-negative integers "
             f"{','.join(SHAPE_FIELDS)}, got {text!r}")
     return dims
 
 
 def parse_args(argv):
-    parser = argparse.ArgumentParser(prog="python -m fmha_native", description=__doc__.split("\n\n")[0])
+    parser = _Parser(prog=PROG, description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", choices=("auto", "cpu", "gpu"), default="auto",
                         help="backend to run (auto: the GPU when one is visible)")
-    parser.add_argument("--dtype", choices=("f32", "f16", "bf16"), default=None,
-                        help="element type (default: bf16 on the GPU, f32 on the CPU)")
+    parser.add_argument("--dtype", type=parse_dtype, default=None,
+                        help="float32, float16 or bfloat16 (or f32, f16, bf16; default: "
+                             "bfloat16 on the GPU, float32 on the CPU)")
     parser.add_argument("--shape", type=parse_shape, default=None,
                         help="batch,heads_q,heads_kv,seqlen_q,seqlen_k,head_dim "
                              f"(default GPU {GPU_DEFAULT_SHAPE}, CPU {CPU_DEFAULT_SHAPE})")
     parser.add_argument("--causal", action=argparse.BooleanOptionalAction, default=True,
                         help="bottom-right causal mask (default on)")
-    parser.add_argument("--num-splits", type=int, default=0, help="0 = heuristic (default)")
-    parser.add_argument("--runs", type=int, default=None, help="timed runs (median is shown)")
+    parser.add_argument("--num-splits", type=_count(0, "an integer >= 0"), default=0,
+                        help="parts the keys are split into: 0 = let the library choose "
+                             "(default), 1 = no split, n >= 2 = n parts")
+    parser.add_argument("--runs", type=_count(1, "an integer >= 1"), default=None,
+                        help=f"timed runs, the median is shown (default {GPU_RUNS} on the GPU, "
+                             f"{CPU_RUNS} on the CPU)")
     return parser.parse_args(argv)
 
 
@@ -68,9 +115,9 @@ def _import_torch_cuda():
 
 
 def _numpy_dtype(name):
-    if name == "f32":
+    if name == "float32":
         return np.dtype(np.float32)
-    if name == "f16":
+    if name == "float16":
         return np.dtype(np.float16)
     try:
         import ml_dtypes
@@ -94,7 +141,7 @@ class Problem:
         self.torch = torch
         np_dtype = _numpy_dtype(dtype)
         if torch is not None:
-            tdtype = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}[dtype]
+            tdtype = getattr(torch, dtype)
             self.inputs = [torch.from_numpy(x).to(device="cuda", dtype=tdtype) for x in host]
             self.kw = {}
             self.itemsize = self.inputs[0].element_size()
@@ -103,7 +150,7 @@ class Problem:
             self.kw = {"device": device}
             self.itemsize = np_dtype.itemsize
         else:
-            raise SystemExit("bfloat16 on the host needs ml_dtypes: pip install ml_dtypes")
+            raise ValueError("bfloat16 on the host needs ml_dtypes: pip install ml_dtypes")
         self.where = ("torch CUDA tensors" if torch is not None
                       else f"NumPy arrays, device={device!r}")
 
@@ -164,6 +211,52 @@ def check(problem, out, lse, causal):
     return float(out_err), lse_err, passed
 
 
+def rate(per_second, unit):
+    """per_second in the largest unit of RATE_UNITS it reaches: '20.6 GFLOP/s'."""
+    for scale, prefix in RATE_UNITS:
+        if per_second >= scale:
+            return f"{per_second / scale:.3g} {prefix}{unit}"
+    return f"{per_second:.3g} {unit}"
+
+
+def print_plan(plan, heads_q, heads_kv):
+    """explain()'s plan, each field with what it means for this run."""
+    print("\nplan (fmha_native.explain: what forward will run, decided before running it)")
+    backend = plan.get("backend")
+    where = (f"{plan.get('cpu_threads')} threads, {plan.get('cpu_simd')} SIMD"
+             if backend == "cpu" else f"device {plan.get('device')}")
+    print(f"  backend     {backend} ({where})")
+    print(f"  kernel      {plan.get('kernel')}")
+    print(f"  tiles       {plan.get('block_m')} query rows x {plan.get('block_n')} keys per step "
+          "(block_m x block_n)")
+    group = heads_q // heads_kv if heads_kv else 0
+    if plan.get("pack_gqa"):
+        print(f"  pack_gqa    yes: the {group} query heads that share a kv head are packed into "
+              "the same tiles, which read each block of K and V once for all of them")
+    else:
+        print("  pack_gqa    no: each query head is its own tile")
+    splits = plan.get("num_splits")
+    chosen = ("chosen by the library" if not plan.get("requested_splits")
+              else "as requested with --num-splits")
+    if splits == 1:
+        print(f"  num_splits  1: each tile walks all of its keys ({chosen})")
+    else:
+        print(f"  num_splits  {splits}: each tile's keys are cut into {splits} parts that run in "
+              f"parallel and are merged afterwards (split-K; {chosen})")
+    walkers = plan.get("walkers_per_split") or 1
+    if walkers > 1:
+        print(f"  walkers     {walkers} warps of one thread block share each split and merge their "
+              "results in shared memory (walkers_per_split)")
+    if plan.get("kv_read_once"):
+        print("  kv_read_once yes: K and V are read once and evicted from L2 first")
+    print(f"  why         {plan.get('reason')}")
+    gate = plan.get("gate") or {}
+    if gate:
+        print("  requirements of this backend")
+        for name, item in gate.items():
+            print(f"    {name:<10}{'met' if item['met'] else 'NOT met'}: {item['why']}")
+
+
 def main(argv=None):
     args = parse_args(argv)
     info = fmha_native.info()
@@ -179,50 +272,52 @@ def main(argv=None):
     if device == "auto":
         device = "gpu" if info["devices"] else "cpu"
     if device == "gpu" and not info["devices"]:
-        print("error: --device gpu, but no GPU is visible to fmha_native", file=sys.stderr)
-        return 2
-    dtype = args.dtype or ("bf16" if device == "gpu" else "f32")
+        return fail("--device gpu, but no GPU is visible to fmha_native")
+    dtype = args.dtype or ("bfloat16" if device == "gpu" else "float32")
     shape = args.shape or (GPU_DEFAULT_SHAPE if device == "gpu" else CPU_DEFAULT_SHAPE)
     batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim = shape
     if heads_kv == 0 or heads_q % heads_kv:
-        print(f"error: heads_q ({heads_q}) must be a multiple of heads_kv ({heads_kv})", file=sys.stderr)
-        return 2
+        return fail(f"heads_q ({heads_q}) must be a multiple of heads_kv ({heads_kv})")
     torch = _import_torch_cuda() if device == "gpu" else None
-    problem = Problem(shape, dtype, device, torch)
+    try:
+        problem = Problem(shape, dtype, device, torch)
+    except ValueError as exc:
+        return fail(str(exc))
     kw = dict(problem.kw, causal=args.causal, num_splits=args.num_splits)
 
     print("\nproblem")
     print("  " + ", ".join(f"{name} {value}" for name, value in zip(SHAPE_FIELDS, shape))
           + f", {dtype}, causal {args.causal}, inputs as {problem.where}")
-    plan = fmha_native.explain(*problem.inputs, **kw)
-    print("\nplan (explain)")
-    for key in ("backend", "kernel", "num_splits", "block_m", "block_n", "pack_gqa", "reason"):
-        print(f"  {key:<11} {plan.get(key)}")
-    for name, item in plan.get("gate", {}).items():
-        print(f"  gate {name:<8} {'met' if item['met'] else 'NOT met'}: {item['why']}")
+    try:
+        plan = fmha_native.explain(*problem.inputs, **kw)
+    except (TypeError, ValueError) as exc:
+        return fail(str(exc))
+    print_plan(plan, heads_q, heads_kv)
 
     try:
         out, lse = fmha_native.forward(*problem.inputs, **kw)
     except NotImplementedError as exc:
-        print(f"\nnot supported on {device}: {exc}", file=sys.stderr)
-        return 2
+        return fail(f"not supported on {device}: {exc}")
     out_err, lse_err, passed = check(problem, out, lse, args.causal)
     print("\ncheck against the float64 reference (first batch entry, query heads of kv head 0)")
     print(f"  out relative error {out_err:.3g} (bound {OUT_RTOL[dtype]:g}), "
           f"lse max abs error {lse_err:.3g} (bound {LSE_ATOL[dtype]:g}): "
           f"{'PASS' if passed else 'FAIL'}")
 
-    runs = args.runs or (GPU_RUNS if device == "gpu" else CPU_RUNS)
+    runs = args.runs if args.runs is not None else (GPU_RUNS if device == "gpu" else CPU_RUNS)
     seconds = time_runs(problem, lambda: fmha_native.forward(*problem.inputs, **kw), runs)
     flops = 4 * batch * heads_q * head_dim * visible_pairs(seqlen_q, seqlen_k, args.causal)
     io_bytes = problem.itemsize * (2 * batch * seqlen_q * heads_q * head_dim
                                    + 2 * batch * seqlen_k * heads_kv * head_dim)
     clock = ("CUDA events" if problem.torch is not None else
              "wall clock, host<->device copies included" if device == "gpu" else "wall clock")
-    print(f"\ntime (median of {runs} after {WARMUP_RUNS} warm-up, {clock})")
-    print(f"  {seconds * 1e3:.3f} ms   {flops / seconds / TERA if seconds else 0:.3g} TFLOP/s   "
-          f"{io_bytes / seconds / GIGA if seconds else 0:.3g} GB/s (Q+K+V+O)   "
-          f"num_splits {plan.get('num_splits')}")
+    print(f"\ntime (median of {runs} run{'s' if runs != 1 else ''} after {WARMUP_RUNS} warm-up "
+          f"runs, {clock})")
+    print(f"  {seconds * 1e3:.3f} ms per call")
+    if seconds > 0:
+        print(f"  {rate(flops / seconds, 'FLOP/s'):<14} (4 x head_dim FLOPs per query head and "
+              "visible query-key pair)")
+        print(f"  {rate(io_bytes / seconds, 'B/s'):<14} (Q, K and V read once, out written once)")
     return 0 if passed else 1
 
 
