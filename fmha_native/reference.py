@@ -15,26 +15,51 @@ import math
 
 import numpy as np
 
-__all__ = ["forward", "combine", "append_kv", "to_float64"]
+__all__ = ["forward", "combine", "append_kv", "to_float64", "dtype_name"]
 
 # Score-matrix elements computed at once per (batch, head) chunk: bounds the memory of
 # long sequences (4097 x 4097 float64 would be 134 MB per head) at about 32 MB.
 _MAX_CHUNK_ELEMENTS = 1 << 22
 
 
-def to_float64(x):
+def dtype_name(dtype):
+    """A dtype as users name it: 'float32', 'int64', 'bfloat16', 'big-endian float32'
+    (NumPy's str() gives '>f4', torch's 'torch.float32')."""
+    if type(dtype).__module__.startswith("torch"):
+        return str(dtype).replace("torch.", "", 1)
+    dtype = np.dtype(dtype)
+    name = dtype.name
+    if dtype.byteorder == (">" if np.little_endian else "<") and dtype.itemsize > 1:
+        name = ("big-endian " if np.little_endian else "little-endian ") + name
+    return name
+
+
+def to_float64(x, name="x"):
     """Return x as a float64 NumPy array (a copy; never a view of the caller's memory).
 
-    Accepts NumPy arrays of any float dtype including ml_dtypes bfloat16, torch tensors
+    Accepts NumPy arrays of any real dtype including ml_dtypes bfloat16, torch tensors
     on any device (through .float().cpu(): NumPy cannot read torch bfloat16), CuPy
-    arrays (through .get()), and anything else np.asarray understands.
+    arrays (through .get()), and anything else np.asarray understands.  Complex, text,
+    object and date values raise TypeError naming x by name and its dtype.
     """
     module = type(x).__module__ or ""
     if module.startswith("torch"):
+        if x.is_complex():
+            raise TypeError(f"{name} must hold real numbers, got {dtype_name(x.dtype)}")
         x = x.detach().float().cpu().numpy()
     elif module.startswith("cupy"):
         x = x.get()
-    return np.array(x, dtype=np.float64, copy=True)
+    arr = np.asarray(x)
+    if arr.dtype.kind in "cUSOMmV" and not _is_ml_float(arr.dtype):
+        raise TypeError(f"{name} must hold real numbers, got {dtype_name(arr.dtype)}")
+    return np.array(arr, dtype=np.float64, copy=True)
+
+
+def _is_ml_float(dtype):
+    """ml_dtypes' float types (bfloat16, float8_*): NumPy kind 'V', but real numbers
+    that cast to float64 (raw bytes and records do not)."""
+    return (dtype.kind == "V" and dtype.names is None and dtype.subdtype is None
+            and np.can_cast(dtype, np.float64))
 
 
 def _check_4d(name, x):
@@ -46,7 +71,7 @@ def _key_lengths(batch, seqlen_k, cache_seqlens, seqlen_new):
     """Valid keys per batch entry: the capacity, or cache_seqlens[b] + seqlen_new."""
     if cache_seqlens is None:
         return np.full(batch, seqlen_k, dtype=np.int64)
-    lengths = np.asarray(to_float64(cache_seqlens), dtype=np.int64).reshape(-1)
+    lengths = np.asarray(to_float64(cache_seqlens, "cache_seqlens"), dtype=np.int64).reshape(-1)
     if lengths.shape != (batch,):
         raise ValueError(f"cache_seqlens must have shape ({batch},), got {lengths.shape}")
     total = lengths + seqlen_new
@@ -62,8 +87,8 @@ def append_kv(k, v, cache_seqlens, k_new, v_new):
     k, v: [batch, capacity, heads_kv, head_dim]; k_new, v_new: [batch, seqlen_new,
     heads_kv, head_dim]; cache_seqlens: [batch] integers.  Returns float64 arrays.
     """
-    k_out, v_out = to_float64(k), to_float64(v)
-    k_add, v_add = to_float64(k_new), to_float64(v_new)
+    k_out, v_out = to_float64(k, "k"), to_float64(v, "v")
+    k_add, v_add = to_float64(k_new, "k_new"), to_float64(v_new, "v_new")
     for name, x in (("k", k_out), ("v", v_out), ("k_new", k_add), ("v_new", v_add)):
         _check_4d(name, x)
     if k_add.shape != v_add.shape:
@@ -126,7 +151,7 @@ def forward(q, k, v, *, causal=False, softmax_scale=None, return_lse=True,
     append_kv for the expected caches), and attention then covers
     cache_seqlens[b] + seqlen_new keys.  Causal alignment uses each entry's own length.
     """
-    qf, kf, vf = to_float64(q), to_float64(k), to_float64(v)
+    qf, kf, vf = to_float64(q, "q"), to_float64(k, "k"), to_float64(v, "v")
     for name, x in (("q", qf), ("k", kf), ("v", vf)):
         _check_4d(name, x)
     if (k_new is None) != (v_new is None):
@@ -169,8 +194,8 @@ def combine(outs, lses):
     lse = -inf contribute nothing (even if their out holds garbage); a row whose every
     partial is -inf gives out = 0, lse = -inf.
     """
-    o = to_float64(outs)
-    l = to_float64(lses)
+    o = to_float64(outs, "outs")
+    l = to_float64(lses, "lses")
     if o.ndim != 5 or l.ndim != 4:
         raise ValueError(f"outs must be 5-D and lses 4-D, got {o.shape} and {l.shape}")
     groups, batch, seqlen_q, heads, head_dim = o.shape

@@ -230,3 +230,31 @@ def test_explain_validates_like_forward():
         fmha_native.explain(q, k, v.astype(np.float16), device="cpu")
     with pytest.raises(ValueError, match="device"):
         fmha_native.explain(q, k, v, device="tpu")
+
+
+@pytest.mark.parametrize("dtype, name", [
+    (np.dtype(">f4"), "big-endian float32"), (np.dtype("<f4"), "float32"),
+    (np.dtype(np.int64), "int64"), (np.dtype(">i8"), "big-endian int64"),
+    (np.dtype(np.float64), "float64"), (np.dtype(np.int8), "int8"),
+    (np.dtype(np.complex64), "complex64")])
+def test_reference_dtype_names(dtype, name):
+    from fmha_native import reference
+
+    if not np.little_endian:
+        pytest.skip("the expected names are written for a little-endian host")
+    assert reference.dtype_name(dtype) == name
+
+
+@pytest.mark.parametrize("which", ["q", "k", "v"])
+@pytest.mark.parametrize("dtype, name", [(np.complex128, "complex128"), ("U3", "str96"),
+                                         (object, "object")])
+def test_reference_refuses_non_real_inputs(which, dtype, name):
+    """The oracle reads real numbers only; anything else is a TypeError naming the
+    argument and its dtype (complex values would otherwise lose their imaginary part)."""
+    from fmha_native import reference
+
+    q, k, v = _problem()
+    args = {"q": q, "k": k, "v": v}
+    args[which] = args[which].astype(dtype)
+    with pytest.raises(TypeError, match=rf"^{which} must hold real numbers, got {name}$"):
+        reference.forward(args["q"], args["k"], args["v"])
