@@ -52,6 +52,15 @@ constexpr int PANEL_COLS = 64;                /* features per 128-byte swizzled 
 constexpr int PRODUCER_REGS = 24;             /* the producer only issues copies */
 constexpr int CONSUMER_REGS = 240;            /* 24 * 128 + 240 * 256 <= 64K registers */
 constexpr int EPILOGUE_BARRIER = 1;           /* named barrier 1 + consumer index */
+constexpr int TURN_BARRIER = 3;               /* named barrier 3 + consumer index (ping-pong) */
+
+/*
+ * How the two consumer warpgroups share the tensor cores:
+ *   INTERLEAVED  each issues its products as soon as its data is there
+ *   PINGPONG     they take turns issuing (named barriers), so one's softmax
+ *                runs while the other's products do
+ */
+enum schedule { INTERLEAVED = 0, PINGPONG = 1 };
 constexpr float LN2 = 0.693147180559945309f;
 
 /* Shared memory of one CTA (offsets from a 1024-aligned base). */
@@ -240,7 +249,7 @@ __device__ __forceinline__ void p_operands(uint32_t (&p)[BLOCK_N / WGMMA_K][4], 
 }
 #endif /* FMHA_HAS_WGMMA */
 
-template <typename T, int HEAD_DIM, bool CAUSAL>
+template <typename T, int HEAD_DIM, bool CAUSAL, int SCHEDULE>
 __global__ void __launch_bounds__(THREADS, 1)
 fwd_sm90_kernel(const __grid_constant__ tensor_maps maps, const fmha_fwd_params p)
 {
@@ -350,15 +359,36 @@ fwd_sm90_kernel(const __grid_constant__ tensor_maps maps, const fmha_fwd_params 
             st.sum[half] = 0.f;
         }
 
+        /*
+         * Ping-pong: a warpgroup issues a group of products only on its turn
+         * (its barrier: its own 128 threads sync, the other's 128 arrive) and
+         * then hands the turn over.  Consumer 0 goes first; both issue the same
+         * n_blocks + 1 groups, and consumer 1 does not hand over after its last,
+         * so every barrier phase completes exactly.
+         */
+        auto take_turn = [&] {
+            if constexpr (SCHEDULE == PINGPONG)
+                named_barrier_sync(TURN_BARRIER + consumer, CONSUMERS * WARPGROUP_THREADS);
+        };
+        auto pass_turn = [&](bool last) {
+            if constexpr (SCHEDULE == PINGPONG)
+                if (!(last && consumer == 1))
+                    named_barrier_arrive(TURN_BARRIER + 1 - consumer, CONSUMERS * WARPGROUP_THREADS);
+        };
+
         if (n_blocks > 0) {
             float s[BLOCK_N / 2], rescale[ROW_HALVES];
             uint32_t pv[BLOCK_N / WGMMA_K][4];
             ring_pos<STAGES> k_pos, v_pos;
+            if (SCHEDULE == PINGPONG && consumer == 1)
+                named_barrier_arrive(TURN_BARRIER, CONSUMERS * WARPGROUP_THREADS); /* consumer 0 first */
             mbar_wait(bars.q_full(), 0);
 
             /* Block 0: S = Q K^T, softmax (O is still 0: nothing to rescale). */
             mbar_wait(bars.k_full(k_pos.stage), k_pos.phase);
+            take_turn();
             mma.scores(s, k_pos.stage);
+            pass_turn(false);
             mma.template wait<0>(s);
             mbar_arrive(bars.k_empty(k_pos.stage));
             k_pos.advance();
@@ -369,9 +399,11 @@ fwd_sm90_kernel(const __grid_constant__ tensor_maps maps, const fmha_fwd_params 
             for (int j = 0; j + 1 < n_blocks; j++) {
                 /* S(j+1) = Q K(j+1)^T, issued ahead of O += P(j) V(j). */
                 mbar_wait(bars.k_full(k_pos.stage), k_pos.phase);
+                take_turn();
                 mma.scores(s, k_pos.stage);
                 mbar_wait(bars.v_full(v_pos.stage), v_pos.phase);
                 mma.accumulate(o, pv, v_pos.stage);
+                pass_turn(false);
 
                 /* S(j+1) done: K(j+1) free; the softmax runs under P(j) V(j). */
                 mma.template wait<1>(s);
@@ -390,7 +422,9 @@ fwd_sm90_kernel(const __grid_constant__ tensor_maps maps, const fmha_fwd_params 
 
             /* O += P(last) V(last). */
             mbar_wait(bars.v_full(v_pos.stage), v_pos.phase);
+            take_turn();
             mma.accumulate(o, pv, v_pos.stage);
+            pass_turn(true);
             mma.template wait<0>(o);
             mbar_arrive(bars.v_empty(v_pos.stage));
         }
@@ -446,10 +480,10 @@ fwd_sm90_kernel(const __grid_constant__ tensor_maps maps, const fmha_fwd_params 
 /* Dynamic shared memory of the kernel for HEAD_DIM. */
 template <int HEAD_DIM> constexpr int smem_bytes() { return smem_plan<HEAD_DIM>::bytes; }
 
-template <typename T, int HEAD_DIM, bool CAUSAL>
+template <typename T, int HEAD_DIM, bool CAUSAL, int SCHEDULE>
 inline cudaError_t launch_instance(const tensor_maps &maps, const fmha_fwd_params &p, dim3 grid)
 {
-    auto kernel = fwd_sm90_kernel<T, HEAD_DIM, CAUSAL>;
+    auto kernel = fwd_sm90_kernel<T, HEAD_DIM, CAUSAL, SCHEDULE>;
     cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes<HEAD_DIM>());
     if (err != cudaSuccess)
         return err;
@@ -466,9 +500,11 @@ inline cudaError_t launch_instance(const tensor_maps &maps, const fmha_fwd_param
  * KV-cache lengths or appended keys, a split plan, a non-positive scale,
  * sizes past the grid's limits, or addresses and strides that are not
  * 16-byte multiples (TMA's rule); FMHA_ERR_RUNTIME with *error set when
- * CUDA fails.  Encodes its tensor maps on every call.
+ * CUDA fails.  `sched` picks how the consumers share the tensor cores
+ * (sm90::schedule).  Encodes its tensor maps on every call.
  */
-inline fmha_status fmha_sm90_prefill_launch(const fmha_fwd_params &p, cudaError_t *error = nullptr)
+inline fmha_status fmha_sm90_prefill_launch(const fmha_fwd_params &p, cudaError_t *error = nullptr,
+                                            int sched = sm90::INTERLEAVED)
 {
     using namespace sm90;
     if (error)
@@ -523,17 +559,29 @@ inline fmha_status fmha_sm90_prefill_launch(const fmha_fwd_params &p, cudaError_
         return FMHA_ERR_UNSUPPORTED;
 
     const dim3 grid((unsigned)((p.seqlen_q + BLOCK_M - 1) / BLOCK_M), (unsigned)p.heads_q, (unsigned)p.batch);
-    const bool causal = p.causal != 0;
-    if (bf16) {
-        if (p.head_dim == 64)
-            err = causal ? launch_instance<fmha_bf16, 64, true>(maps, p, grid) : launch_instance<fmha_bf16, 64, false>(maps, p, grid);
-        else
-            err = causal ? launch_instance<fmha_bf16, 128, true>(maps, p, grid) : launch_instance<fmha_bf16, 128, false>(maps, p, grid);
-    } else {
-        if (p.head_dim == 64)
-            err = causal ? launch_instance<fmha_half, 64, true>(maps, p, grid) : launch_instance<fmha_half, 64, false>(maps, p, grid);
-        else
-            err = causal ? launch_instance<fmha_half, 128, true>(maps, p, grid) : launch_instance<fmha_half, 128, false>(maps, p, grid);
+    const int key = (bf16 ? 8 : 0) + (p.head_dim == 128 ? 4 : 0) + (p.causal ? 2 : 0) + (sched == PINGPONG ? 1 : 0);
+    switch (key) {
+#define FMHA_SM90_CASE(K, T, D, C, S)                                  \
+    case K:                                                            \
+        err = launch_instance<T, D, C, S>(maps, p, grid);              \
+        break;
+        FMHA_SM90_CASE(0, fmha_half, 64, false, INTERLEAVED)
+        FMHA_SM90_CASE(1, fmha_half, 64, false, PINGPONG)
+        FMHA_SM90_CASE(2, fmha_half, 64, true, INTERLEAVED)
+        FMHA_SM90_CASE(3, fmha_half, 64, true, PINGPONG)
+        FMHA_SM90_CASE(4, fmha_half, 128, false, INTERLEAVED)
+        FMHA_SM90_CASE(5, fmha_half, 128, false, PINGPONG)
+        FMHA_SM90_CASE(6, fmha_half, 128, true, INTERLEAVED)
+        FMHA_SM90_CASE(7, fmha_half, 128, true, PINGPONG)
+        FMHA_SM90_CASE(8, fmha_bf16, 64, false, INTERLEAVED)
+        FMHA_SM90_CASE(9, fmha_bf16, 64, false, PINGPONG)
+        FMHA_SM90_CASE(10, fmha_bf16, 64, true, INTERLEAVED)
+        FMHA_SM90_CASE(11, fmha_bf16, 64, true, PINGPONG)
+        FMHA_SM90_CASE(12, fmha_bf16, 128, false, INTERLEAVED)
+        FMHA_SM90_CASE(13, fmha_bf16, 128, false, PINGPONG)
+        FMHA_SM90_CASE(14, fmha_bf16, 128, true, INTERLEAVED)
+        FMHA_SM90_CASE(15, fmha_bf16, 128, true, PINGPONG)
+#undef FMHA_SM90_CASE
     }
     if (err != cudaSuccess) {
         if (error)

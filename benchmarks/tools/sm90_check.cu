@@ -29,12 +29,13 @@
 #include <string>
 #include <vector>
 
+void fatal(); /* prints the rows finished so far, then exits */
 #define CK(call)                                                                                  \
     do {                                                                                          \
         cudaError_t err_ = (call);                                                                \
         if (err_ != cudaSuccess) {                                                                \
             fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(err_)); \
-            exit(2);                                                                              \
+            fatal();                                                                              \
         }                                                                                         \
     } while (0)
 
@@ -173,6 +174,7 @@ struct shape {
     int64_t b, hq, hkv, sq, sk, d;
     bool causal, bf16;
     int layout; /* 0 dense; 1 q/k/v slices of one packed qkv buffer, out and lse padded; 2 unaligned strides */
+    int sched;  /* fmha::sm90::schedule */
 };
 
 struct result_row {
@@ -186,9 +188,10 @@ struct result_row {
 std::string describe(const shape &s)
 {
     char buf[160];
-    snprintf(buf, sizeof buf, "%s d%lld (%lld,%lld,%lld,%lld,%lld)%s%s", s.bf16 ? "bf16" : "fp16", (long long)s.d,
-             (long long)s.b, (long long)s.hq, (long long)s.hkv, (long long)s.sq, (long long)s.sk,
-             s.causal ? " causal" : "", s.layout == 1 ? " packed" : s.layout == 2 ? " unaligned" : "");
+    snprintf(buf, sizeof buf, "%s %s d%lld (%lld,%lld,%lld,%lld,%lld)%s%s", s.sched ? "pp" : "il",
+             s.bf16 ? "bf16" : "fp16", (long long)s.d, (long long)s.b, (long long)s.hq, (long long)s.hkv,
+             (long long)s.sq, (long long)s.sk, s.causal ? " causal" : "",
+             s.layout == 1 ? " packed" : s.layout == 2 ? " unaligned" : "");
     return buf;
 }
 
@@ -354,13 +357,13 @@ void check_against_reference(const shape &s, const fmha_fwd_params &p, int64_t o
     }
 }
 
-bool run_launch(const fmha_fwd_params &p, fmha_status *status)
+bool run_launch(const fmha_fwd_params &p, int sched, fmha_status *status)
 {
     cudaError_t err;
-    *status = fmha::fmha_sm90_prefill_launch(p, &err);
+    *status = fmha::fmha_sm90_prefill_launch(p, &err, sched);
     if (*status == FMHA_ERR_RUNTIME) {
         fprintf(stderr, "launch failed: %s\n", cudaGetErrorString(err));
-        exit(2);
+        fatal();
     }
     return *status == FMHA_OK;
 }
@@ -373,7 +376,7 @@ result_row run_case(const shape &s, int timed_runs, int64_t max_rows)
     const fmha_fwd_params p = make_problem(s, buf, o_pad);
     poison(buf);
     fmha_status st;
-    if (!run_launch(p, &st)) {
+    if (!run_launch(p, s.sched, &st)) {
         /* unaligned layouts must be refused; anything else refused is a failure */
         row.pass = s.layout == 2 && st == FMHA_ERR_UNSUPPORTED;
         row.note = st == FMHA_ERR_UNSUPPORTED ? "refused (FMHA_ERR_UNSUPPORTED)" : "status " + std::to_string((int)st);
@@ -390,11 +393,11 @@ result_row run_case(const shape &s, int timed_runs, int64_t max_rows)
         CK(cudaEventCreate(&a));
         CK(cudaEventCreate(&b));
         for (int i = 0; i < 3; i++)
-            run_launch(p, &st);
+            run_launch(p, s.sched, &st);
         std::vector<float> ms;
         for (int i = 0; i < timed_runs; i++) {
             CK(cudaEventRecord(a));
-            run_launch(p, &st);
+            run_launch(p, s.sched, &st);
             CK(cudaEventRecord(b));
             CK(cudaEventSynchronize(b));
             float t;
@@ -416,12 +419,12 @@ void print_instances()
         const char *name;
         const void *fn;
     } list[] = {
-        {"bf16 d64", (const void *)fmha::sm90::fwd_sm90_kernel<fmha_bf16, 64, false>},
-        {"bf16 d64 causal", (const void *)fmha::sm90::fwd_sm90_kernel<fmha_bf16, 64, true>},
-        {"bf16 d128", (const void *)fmha::sm90::fwd_sm90_kernel<fmha_bf16, 128, false>},
-        {"bf16 d128 causal", (const void *)fmha::sm90::fwd_sm90_kernel<fmha_bf16, 128, true>},
-        {"fp16 d64", (const void *)fmha::sm90::fwd_sm90_kernel<fmha_half, 64, false>},
-        {"fp16 d128 causal", (const void *)fmha::sm90::fwd_sm90_kernel<fmha_half, 128, true>},
+        {"bf16 d64", (const void *)fmha::sm90::fwd_sm90_kernel<fmha_bf16, 64, false, 0>},
+        {"bf16 d64 causal", (const void *)fmha::sm90::fwd_sm90_kernel<fmha_bf16, 64, true, 0>},
+        {"bf16 d128", (const void *)fmha::sm90::fwd_sm90_kernel<fmha_bf16, 128, false, 0>},
+        {"bf16 d128 causal", (const void *)fmha::sm90::fwd_sm90_kernel<fmha_bf16, 128, true, 0>},
+        {"bf16 d128 pingpong", (const void *)fmha::sm90::fwd_sm90_kernel<fmha_bf16, 128, false, 1>},
+        {"fp16 d64 pingpong", (const void *)fmha::sm90::fwd_sm90_kernel<fmha_half, 64, false, 1>},
     };
     for (const inst &k : list) {
         cudaFuncAttributes a;
@@ -434,15 +437,56 @@ void print_instances()
 bool parse_shape(const char *text, shape &s)
 {
     long long b, hq, hkv, sq, sk, d;
-    int causal;
+    int causal, sched = 0;
     char dt[16];
-    if (sscanf(text, "%lld %lld %lld %lld %lld %lld %d %15s", &b, &hq, &hkv, &sq, &sk, &d, &causal, dt) != 8)
+    const int n = sscanf(text, "%lld %lld %lld %lld %lld %lld %d %15s %d", &b, &hq, &hkv, &sq, &sk, &d, &causal, dt, &sched);
+    if (n < 8)
         return false;
-    s = shape{b, hq, hkv, sq, sk, d, causal != 0, strcmp(dt, "fp16") != 0, 0};
+    s = shape{b, hq, hkv, sq, sk, d, causal != 0, strcmp(dt, "fp16") != 0, 0, sched};
     return true;
 }
 
+std::vector<result_row> g_rows;
+
+void print_header()
+{
+    printf("%-56s %10s %9s %5s %9s %8s  %s\n", "case (il interleaved, pp ping-pong)", "out err", "lse err", "", "ms",
+           "TFLOP/s", "note");
+}
+
+void print_row(const result_row &r)
+{
+    char timing[32] = "        -        -";
+    if (!std::isnan(r.ms))
+        snprintf(timing, sizeof timing, "%9.3f %8.1f", r.ms, r.tflops);
+    printf("%-56s %10.2e %9.2e %5s %s  %s\n", r.name.c_str(), r.err, r.lse_err, r.pass ? "PASS" : "FAIL", timing,
+           r.note.c_str());
+    fflush(stdout);
+}
+
+/* The result table (last thing printed); returns the failed count. */
+int print_table()
+{
+    int failed = 0;
+    printf("\n");
+    print_header();
+    for (const result_row &r : g_rows) {
+        failed += !r.pass;
+        print_row(r);
+    }
+    printf("%d of %zu cases passed\n", (int)(g_rows.size() - failed), g_rows.size());
+    fflush(stdout);
+    return failed;
+}
+
 }  // namespace
+
+void fatal()
+{
+    printf("\nstopped by a CUDA error (see stderr); rows finished before it:\n");
+    print_table();
+    exit(2);
+}
 
 int main(int argc, char **argv)
 {
@@ -476,7 +520,7 @@ int main(int argc, char **argv)
         int64_t o_pad;
         const fmha_fwd_params p = make_problem(s, buf, o_pad);
         fmha_status st;
-        if (!run_launch(p, &st)) {
+        if (!run_launch(p, s.sched, &st)) {
             fprintf(stderr, "refused: status %d\n", (int)st);
             return 1;
         }
@@ -486,58 +530,51 @@ int main(int argc, char **argv)
     }
 
     print_instances();
-    std::vector<shape> correctness, speed;
-    for (int bf16 = 1; bf16 >= 0; bf16--)
-        for (int64_t d : {64, 128}) {
-            const bool bf = bf16 != 0;
-            if (small) {
-                correctness.push_back({2, 4, 1, 129, 131, d, true, bf, 0});
-                correctness.push_back({2, 4, 2, 130, 127, d, false, bf, 0});
-                continue;
+    /* Both schedules, the default (interleaved) first: if the other one fails
+     * the launch, the rows finished so far are still printed. */
+    std::vector<shape> cases;
+    for (int sched : {fmha::sm90::INTERLEAVED, fmha::sm90::PINGPONG}) {
+        for (int bf16 = 1; bf16 >= 0; bf16--)
+            for (int64_t d : {64, 128}) {
+                const bool bf = bf16 != 0;
+                auto add = [&](int64_t b, int64_t hq, int64_t hkv, int64_t sq, int64_t sk, bool causal, int layout) {
+                    cases.push_back({b, hq, hkv, sq, sk, d, causal, bf, layout, sched});
+                };
+                if (small) {
+                    add(2, 4, 1, 129, 131, true, 0);
+                    add(2, 4, 2, 130, 127, false, 0);
+                    continue;
+                }
+                add(2, 4, 4, 1, 1, false, 0);
+                add(2, 4, 1, 17, 17, true, 0);
+                add(2, 8, 1, 127, 129, false, 0);
+                add(2, 8, 2, 129, 127, true, 0);     /* Sq > Sk, causal */
+                add(2, 4, 4, 1003, 1003, true, 0);
+                add(2, 4, 4, 1003, 1003, false, 0);
+                add(2, 8, 8, 129, 1003, true, 0);    /* Sq < Sk, causal */
+                add(2, 4, 2, 1003, 17, true, 0);     /* most rows see no key */
+                add(2, 2, 2, 17, 1003, false, 0);
+                add(2, 16, 2, 257, 385, true, 0);    /* GQA 8 */
+                add(2, 4, 4, 300, 517, true, 1);     /* packed qkv, padded out and lse */
+                add(2, 4, 4, 64, 64, false, 2);      /* must be refused */
             }
-            correctness.push_back({2, 4, 4, 1, 1, d, false, bf, 0});
-            correctness.push_back({2, 4, 1, 17, 17, d, true, bf, 0});
-            correctness.push_back({2, 8, 1, 127, 129, d, false, bf, 0});
-            correctness.push_back({2, 8, 2, 129, 127, d, true, bf, 0});       /* Sq > Sk causal */
-            correctness.push_back({2, 4, 4, 1003, 1003, d, true, bf, 0});
-            correctness.push_back({2, 4, 4, 1003, 1003, d, false, bf, 0});
-            correctness.push_back({2, 8, 8, 129, 1003, d, true, bf, 0});      /* Sq < Sk causal */
-            correctness.push_back({2, 4, 2, 1003, 17, d, true, bf, 0});       /* most rows see no key */
-            correctness.push_back({2, 2, 2, 17, 1003, d, false, bf, 0});
-            correctness.push_back({2, 16, 2, 257, 385, d, true, bf, 0});      /* GQA 8 */
-            correctness.push_back({2, 4, 4, 300, 517, d, true, bf, 1});       /* packed qkv, padded out/lse */
-            correctness.push_back({2, 4, 4, 64, 64, d, false, bf, 2});        /* must be refused */
+        if (!small) {
+            cases.push_back({8, 16, 16, 8192, 8192, 64, false, true, 0, sched});
+            cases.push_back({8, 16, 16, 8192, 8192, 64, true, true, 0, sched});
+            cases.push_back({2, 64, 64, 8192, 8192, 128, false, true, 0, sched});
+            cases.push_back({2, 64, 64, 8192, 8192, 128, false, false, 0, sched});
+            cases.push_back({16, 64, 8, 8192, 8192, 128, true, true, 0, sched});
+            cases.push_back({4, 32, 32, 2048, 2048, 128, true, true, 0, sched});
         }
-    if (!small) {
-        speed.push_back({8, 16, 16, 8192, 8192, 64, false, true, 0});
-        speed.push_back({8, 16, 16, 8192, 8192, 64, true, true, 0});
-        speed.push_back({2, 64, 64, 8192, 8192, 128, false, true, 0});
-        speed.push_back({2, 64, 64, 8192, 8192, 128, false, false, 0});
-        speed.push_back({16, 64, 8, 8192, 8192, 128, true, true, 0});
-        speed.push_back({4, 32, 32, 2048, 2048, 128, true, true, 0});
     }
-
-    std::vector<result_row> rows;
-    for (const shape &s : correctness) {
-        rows.push_back(run_case(s, 0, 1 << 30));
-        fprintf(stderr, "%-52s %s\n", rows.back().name.c_str(), rows.back().pass ? "PASS" : "FAIL");
+    /* Rows as they finish (a hang or a fault still leaves them), then the whole table. */
+    print_header();
+    for (const shape &s : cases) {
+        /* the speed shapes (2048 keys and more) are timed and checked on sampled rows */
+        const bool timed = s.sk >= 2048;
+        g_rows.push_back(run_case(s, timed ? 20 : 0, timed ? 4096 : 1 << 30));
+        print_row(g_rows.back());
     }
-    for (const shape &s : speed) {
-        rows.push_back(run_case(s, 20, 4096));
-        fprintf(stderr, "%-52s %s %.3f ms\n", rows.back().name.c_str(), rows.back().pass ? "PASS" : "FAIL",
-                rows.back().ms);
-    }
-
-    int failed = 0;
-    printf("\n%-52s %10s %9s %5s %9s %8s  %s\n", "case", "out err", "lse err", "", "ms", "TFLOP/s", "note");
-    for (const result_row &r : rows) {
-        failed += !r.pass;
-        char timing[32] = "        -        -";
-        if (!std::isnan(r.ms))
-            snprintf(timing, sizeof timing, "%9.3f %8.1f", r.ms, r.tflops);
-        printf("%-52s %10.2e %9.2e %5s %s  %s\n", r.name.c_str(), r.err, r.lse_err, r.pass ? "PASS" : "FAIL", timing,
-               r.note.c_str());
-    }
-    printf("%d of %zu cases passed\n", (int)(rows.size() - failed), rows.size());
+    const int failed = print_table();
     return failed ? 1 : 0;
 }

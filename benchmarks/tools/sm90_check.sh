@@ -23,8 +23,9 @@ if [ "${1:-}" = "--sanitize" ]; then
   command -v "$CS" >/dev/null || CS=/usr/local/cuda/bin/compute-sanitizer
   for tool in memcheck racecheck synccheck; do
     echo "== compute-sanitizer --tool $tool"
-    "$CS" --tool $tool --error-exitcode 3 "$out/sm90_check" --small 2>&1 | tail -4 || status=1
+    timeout 900 "$CS" --tool $tool --error-exitcode 3 "$out/sm90_check" --small 2>&1 | tail -4 || status=1
   done
 fi
-"$out/sm90_check" || status=1
+# A pipeline that hangs is stopped here; the rows finished before it are on stdout.
+timeout "${SM90_CHECK_TIMEOUT:-900}" "$out/sm90_check" || status=1
 exit $status
