@@ -4,6 +4,7 @@
 #   bash benchmarks/tools/sm90_check.sh              build, check every case, time the speed shapes
 #   bash benchmarks/tools/sm90_check.sh --sanitize   also compute-sanitizer memcheck, racecheck and
 #                                                    synccheck on the small cases (sm90_check --small)
+#   bash benchmarks/tools/sm90_check.sh --build-only just the binary (ncu_prefill.sh uses it)
 # Needs nvcc 12.8+ and a cc 9.x GPU.  The binary goes to ${OUT:-/tmp}/sm90_check; ptxas's
 # report (registers, spills) to ${OUT:-/tmp}/sm90_check.ptxas.txt.
 set -euo pipefail
@@ -17,6 +18,7 @@ command -v "$NVCC" >/dev/null || NVCC=/usr/local/cuda/bin/nvcc
   cat "$out/sm90_check.ptxas.txt"; exit 1; }
 # the prefill kernels' lines of the report: registers, stack, spills
 grep -A3 "Compiling entry function '_ZN4fmha4sm90" "$out/sm90_check.ptxas.txt" | grep -E "stack frame|registers" | sort | uniq -c
+[ "${1:-}" = "--build-only" ] && exit 0
 status=0
 if [ "${1:-}" = "--sanitize" ]; then
   CS=${COMPUTE_SANITIZER:-compute-sanitizer}
