@@ -7,7 +7,8 @@
  *                poisoned before the run and every element checked written;
  *                relative Frobenius error of out, max abs error of lse; rows
  *                that see no key must give 0 and -inf; strides TMA cannot use
- *                must be refused (FMHA_ERR_UNSUPPORTED), not run
+ *                must be refused (FMHA_ERR_UNSUPPORTED), not run; a second run
+ *                must give the same bits
  *   speed        cudaEvent time of single launches (warm-up, median of 20),
  *                TFLOP/s over the (query, key) pairs the mask lets through;
  *                these shapes are checked against the reference on a sample of rows
@@ -388,6 +389,21 @@ result_row run_case(const shape &s, int timed_runs, int64_t max_rows)
     }
     CK(cudaDeviceSynchronize());
     check_against_reference(s, p, o_pad, max_rows, row);
+    if (timed_runs == 0) {
+        /* Determinism: a second run gives the same bits. */
+        std::vector<uint16_t> first(buf.out_elems), second(buf.out_elems);
+        std::vector<float> lse1(buf.lse_elems), lse2(buf.lse_elems);
+        CK(cudaMemcpy(first.data(), buf.out, buf.out_elems * 2, cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy(lse1.data(), buf.lse, buf.lse_elems * 4, cudaMemcpyDeviceToHost));
+        run_launch(p, s.sched, &st);
+        CK(cudaMemcpy(second.data(), buf.out, buf.out_elems * 2, cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy(lse2.data(), buf.lse, buf.lse_elems * 4, cudaMemcpyDeviceToHost));
+        if (memcmp(first.data(), second.data(), buf.out_elems * 2) != 0 ||
+            memcmp(lse1.data(), lse2.data(), buf.lse_elems * 4) != 0) {
+            row.pass = false;
+            row.note += "; NOT deterministic";
+        }
+    }
     if (timed_runs > 0) {
         cudaEvent_t a, b;
         CK(cudaEventCreate(&a));
