@@ -14,7 +14,7 @@ int fmha_dlpack_open(PyObject *obj, unsigned flags, const fmha_open_ctx *ctx, fm
  * the view is complete; takes the reference to capsule.  0 or -1. */
 int fmha_dlpack_view_capsule(PyObject *capsule, unsigned flags, fmha_tensor *t);
 
-/* Call the deleter of a managed tensor we consumed. */
+/* Call the deleter of a managed tensor (versioned or legacy), if it has one. */
 void fmha_dlpack_release(void *managed, int versioned);
 
 /* A DLPack dtype as users know it ("int64", "bfloat16", "float8_e4m3fn";

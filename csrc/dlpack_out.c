@@ -124,14 +124,12 @@ static void export_capsule_destructor(PyObject *capsule)
     PyObject *exc_type, *exc_value, *exc_tb;
     PyErr_Fetch(&exc_type, &exc_value, &exc_tb);
 #endif
-    if (PyCapsule_IsValid(capsule, FMHA_DLPACK_CAPSULE_VERSIONED)) {
-        DLManagedTensorVersioned *m = PyCapsule_GetPointer(capsule, FMHA_DLPACK_CAPSULE_VERSIONED);
-        if (m && m->deleter)
-            m->deleter(m);
-    } else if (PyCapsule_IsValid(capsule, FMHA_DLPACK_CAPSULE)) {
-        DLManagedTensor *m = PyCapsule_GetPointer(capsule, FMHA_DLPACK_CAPSULE);
-        if (m && m->deleter)
-            m->deleter(m);
+    int versioned = PyCapsule_IsValid(capsule, FMHA_DLPACK_CAPSULE_VERSIONED);
+    if (versioned || PyCapsule_IsValid(capsule, FMHA_DLPACK_CAPSULE)) {
+        void *m = PyCapsule_GetPointer(capsule, versioned ? FMHA_DLPACK_CAPSULE_VERSIONED
+                                                          : FMHA_DLPACK_CAPSULE);
+        if (m)
+            fmha_dlpack_release(m, versioned);
     }
 #if PY_VERSION_HEX >= 0x030C0000
     PyErr_SetRaisedException(saved);
@@ -357,10 +355,11 @@ static void device_tensor_dealloc(PyObject *self_obj)
 
 static PyMethodDef device_tensor_methods[] = {
     {"__dlpack__", (PyCFunction)(void (*)(void))device_tensor_dlpack, METH_VARARGS | METH_KEYWORDS,
-     "__dlpack__(*, stream=None, max_version=None, dl_device=None, copy=None)\n--\n\n"
+     "__dlpack__($self, /, *, stream=None, max_version=None, dl_device=None, copy=None)\n"
+     "--\n\n"
      "Export as a DLPack capsule (versioned when max_version >= (1, 0))."},
     {"__dlpack_device__", device_tensor_dlpack_device, METH_NOARGS,
-     "__dlpack_device__()\n--\n\n(device_type, device_id) of the DLPack protocol."},
+     "__dlpack_device__($self, /)\n--\n\n(device_type, device_id) of the DLPack protocol."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -115,7 +115,6 @@ int fmha_numpy_open(PyObject *obj, unsigned flags, fmha_tensor *t)
     Py_INCREF(obj);
     t->array = obj;
     t->source = FMHA_SOURCE_NUMPY;
-    t->from_buffer = 1;
     t->elem = numpy_elem(descr);
     t->itemsize = PyDataType_ELSIZE(descr) > 0 ? (size_t)PyDataType_ELSIZE(descr) : 1;
     if (PyArray_NDIM(a) > FMHA_TENSOR_MAX_NDIM)

@@ -49,40 +49,7 @@
     X(K_NEW, "k_new")                                                                  \
     X(V_NEW, "v_new")                                                                  \
     X(OUTS, "outs")                                                                    \
-    X(LSES, "lses")                                                                    \
-    /* outputs and explain() (until explain.c has its own) */                          \
-    X(DTYPE, "dtype")                                                                  \
-    X(EMPTY, "empty")                                                                  \
-    X(NUMPY, "numpy")                                                                  \
-    X(MET, "met")                                                                      \
-    X(WHY, "why")                                                                      \
-    X(BACKEND, "backend")                                                              \
-    X(SUPPORTED, "supported")                                                          \
-    X(KERNEL, "kernel")                                                                \
-    X(KERNEL_ID, "kernel_id")                                                          \
-    X(REQUESTED_SPLITS, "requested_splits")                                            \
-    X(STREAM_SPLITS, "stream_splits")                                                  \
-    X(KV_READ_ONCE, "kv_read_once")                                                    \
-    X(BLOCK_M, "block_m")                                                              \
-    X(BLOCK_N, "block_n")                                                              \
-    X(PACK_GQA, "pack_gqa")                                                            \
-    X(REASON, "reason")                                                                \
-    X(GATE, "gate")                                                                    \
-    X(BATCH, "batch")                                                                  \
-    X(SEQLEN_Q, "seqlen_q")                                                            \
-    X(SEQLEN_K, "seqlen_k")                                                            \
-    X(HEADS_Q, "heads_q")                                                              \
-    X(HEADS_KV, "heads_kv")                                                            \
-    X(HEAD_DIM, "head_dim")                                                            \
-    X(KV_CACHE, "kv_cache")                                                            \
-    X(SEQLEN_NEW, "seqlen_new")                                                        \
-    X(DEVICE_ORDINAL, "device_ordinal")                                                \
-    X(ARCH, "arch")                                                                    \
-    X(SM_COUNT, "sm_count")                                                            \
-    X(INPUTS_ON_HOST, "inputs_on_host")                                                \
-    X(CPU_THREADS, "cpu_threads")                                                      \
-    X(CPU_SIMD, "cpu_simd")                                                            \
-    X(GPU_REJECTED, "gpu_rejected")
+    X(LSES, "lses")
 
 typedef enum fmha_name {
 #define FMHA_NAME_ENUM(id, text) FMHA_NAME_##id,
@@ -119,16 +86,8 @@ typedef struct fmha_module_state {
     PyObject *kw_stream_version; /* ("stream", "max_version"): __dlpack__ keyword names */
     PyObject *kw_version;       /* ("max_version",) */
     PyObject *kw_stream;        /* ("stream",) */
-    PyObject *kw_dtype;         /* ("dtype",): numpy.empty's keyword */
     fmha_torch_hooks torch;
 } fmha_module_state;
-
-/* Fill the names and constant tuples of st (module init); 0 or -1. */
-int fmha_state_init(fmha_module_state *st);
-
-/* GC support for what fmha_state_init and the torch hooks hold. */
-int fmha_state_traverse(fmha_module_state *st, visitproc visit, void *arg);
-void fmha_state_clear(fmha_module_state *st);
 
 /* Raise the exception that status means (FMHA_OK raises nothing and returns
  * 0); what names the operation.  Returns -1 otherwise. */

@@ -184,14 +184,6 @@ int fmha_tensor_open(PyObject *obj, unsigned flags, fmha_open_ctx *ctx, fmha_ten
                      "torch, CuPy, JAX), got %.200s", t->name, Py_TYPE(obj)->tp_name);
         rc = -1;
     }
-    if (rc == 0 && t->elem == FMHA_ELEM_OTHER) {
-        /* Until validation names each argument's expected dtype. */
-        char got[FMHA_DTYPE_NAME_LEN];
-        PyErr_Format(PyExc_TypeError, "%s has dtype %s; expected float16, bfloat16 or float32 "
-                     "(int32 for cache_seqlens)", t->name,
-                     fmha_tensor_dtype_name(t, got, sizeof got));
-        rc = -1;
-    }
     if (rc < 0)
         fmha_tensor_close(t);
     return rc;
@@ -259,7 +251,8 @@ int fmha_tensor_self_overlaps(const fmha_tensor *t)
     return 0;
 }
 
-int fmha_tensor_is_compact(const fmha_tensor *t)
+/* 1 when the caller's memory is compact row-major. */
+static int is_compact(const fmha_tensor *t)
 {
     int64_t expect = 1;
     for (int d = t->ndim - 1; d >= 0; d--) {
@@ -385,7 +378,7 @@ fmha_status fmha_tensor_stage(fmha_tensor *t, int device, void *stream, int uplo
         return FMHA_OK;
     }
     const void *src = t->user_data;
-    if (!fmha_tensor_is_compact(t) || (uintptr_t)t->user_data % t->itemsize != 0) {
+    if (!is_compact(t) || (uintptr_t)t->user_data % t->itemsize != 0) {
         if (!t->host_copy) {
             t->host_copy = malloc(bytes);
             if (!t->host_copy)
@@ -423,85 +416,4 @@ fmha_status fmha_tensor_download(fmha_tensor *t)
     void *dst = t->host_copy ? t->host_copy : t->user_data;
     return fmha_gpu_memcpy(t->dev_copy_device, t->dev_copy_stream, dst, t->dev_copy, bytes,
                            FMHA_COPY_D2H);
-}
-
-/* ------------------------------------------------------------------------ */
-/* Module state (moves to module.c with the module.c split)                 */
-/* ------------------------------------------------------------------------ */
-
-int fmha_raise_status(const fmha_module_state *st, fmha_status status, const char *what)
-{
-    switch (status) {
-    case FMHA_OK:
-        return 0;
-    case FMHA_ERR_NOMEM:
-        PyErr_Format(PyExc_MemoryError, "%s: out of memory", what);
-        break;
-    case FMHA_ERR_RUNTIME:
-        PyErr_Format(st->error, "%s: GPU runtime error: %s", what, fmha_gpu_error_string());
-        break;
-    case FMHA_ERR_UNSUPPORTED:
-        PyErr_Format(PyExc_NotImplementedError, "%s: not supported by this backend", what);
-        break;
-    case FMHA_ERR_NO_DEVICE:
-        PyErr_Format(st->error, "%s: no GPU is available: %s", what, fmha_gpu_error_string());
-        break;
-    case FMHA_ERR_INVALID:
-    default:
-        PyErr_Format(st->error, "%s: internal error: the backend rejected the parameters "
-                     "(status %d)", what, (int)status);
-        break;
-    }
-    return -1;
-}
-
-int fmha_state_init(fmha_module_state *st)
-{
-    static const char *const texts[FMHA_NAME_COUNT] = {
-#define FMHA_NAME_TEXT(id, text) text,
-        FMHA_NAMES(FMHA_NAME_TEXT)
-#undef FMHA_NAME_TEXT
-    };
-    if (fmha_host_array_init() < 0)
-        return -1;
-    for (int i = 0; i < FMHA_NAME_COUNT; i++)
-        if (!(st->names[i] = PyUnicode_InternFromString(texts[i])))
-            return -1;
-    st->dlpack_version = Py_BuildValue("(ii)", FMHA_DLPACK_MAJOR_VERSION,
-                                       FMHA_DLPACK_MINOR_VERSION);
-    st->kw_stream_version = PyTuple_Pack(2, st->names[FMHA_NAME_STREAM],
-                                         st->names[FMHA_NAME_MAX_VERSION]);
-    st->kw_version = PyTuple_Pack(1, st->names[FMHA_NAME_MAX_VERSION]);
-    st->kw_stream = PyTuple_Pack(1, st->names[FMHA_NAME_STREAM]);
-    st->kw_dtype = PyTuple_Pack(1, st->names[FMHA_NAME_DTYPE]);
-    if (!st->dlpack_version || !st->kw_stream_version || !st->kw_version || !st->kw_stream ||
-        !st->kw_dtype)
-        return -1;
-    return 0;
-}
-
-/* Every object reference the state holds besides names[] (traverse and clear). */
-#define FMHA_STATE_REFS(X)                                                                 \
-    X(error) X(tensor_type) X(dlpack_version) X(kw_stream_version) X(kw_version)           \
-    X(kw_stream) X(kw_dtype) X(torch.tensor_type) X(torch.strided) X(torch.to_dlpack)     \
-    X(torch.has_torch_function) X(torch.current_device) X(torch.current_stream)
-
-int fmha_state_traverse(fmha_module_state *st, visitproc visit, void *arg)
-{
-    for (int i = 0; i < FMHA_NAME_COUNT; i++)
-        Py_VISIT(st->names[i]);
-#define FMHA_VISIT(member) Py_VISIT(st->member);
-    FMHA_STATE_REFS(FMHA_VISIT)
-#undef FMHA_VISIT
-    return 0;
-}
-
-void fmha_state_clear(fmha_module_state *st)
-{
-    for (int i = 0; i < FMHA_NAME_COUNT; i++)
-        Py_CLEAR(st->names[i]);
-#define FMHA_CLEAR(member) Py_CLEAR(st->member);
-    FMHA_STATE_REFS(FMHA_CLEAR)
-#undef FMHA_CLEAR
-    st->torch.state = 0;
 }

@@ -86,7 +86,6 @@ typedef struct fmha_tensor {
     int device_id;
     int readonly;
     fmha_source source;
-    int from_buffer;            /* module.c's name for source == FMHA_SOURCE_NUMPY (until it moves) */
     DLDataType dl_dtype;        /* FMHA_SOURCE_DLPACK: the producer's dtype */
 
     /* ---- ownership (released by fmha_tensor_close) ---- */
@@ -128,9 +127,6 @@ int fmha_tensor_overlap(const fmha_tensor *a, const fmha_tensor *b);
 /* 1 when two distinct elements of the caller's memory alias (zero or
  * interleaved strides): such a tensor cannot be written. */
 int fmha_tensor_self_overlaps(const fmha_tensor *t);
-
-/* 1 when the caller's memory is compact row-major. */
-int fmha_tensor_is_compact(const fmha_tensor *t);
 
 /* Name of an element type we compute with ("float16", "bfloat16", "float32",
  * "int32"). */
@@ -184,8 +180,5 @@ void fmha_compact_strides(int ndim, const int64_t *shape, int64_t *strides);
 
 /* The "at most FMHA_TENSOR_MAX_NDIM dimensions" error; returns -1. */
 int fmha_tensor_raise_ndim(const fmha_tensor *t, int ndim);
-
-/* module.c still reaches the Tensor producer through this header. */
-#include "dlpack_out.h"
 
 #endif /* FMHA_TENSOR_H */

@@ -1,0 +1,299 @@
+/*
+ * args.c: argument parsing of the Python entry points.
+ *
+ * Owns one declarative spec per entry point (forward/explain, combine): the
+ * names in order, how many are positional-or-keyword (the rest are
+ * keyword-only) and per argument an "O&"-style converter and the offset of
+ * its value in the parsed struct; the binder that applies a spec to a
+ * METH_FASTCALL argument vector; and the converters, which raise
+ * TypeError/ValueError naming the argument.  The binder follows the rules
+ * and messages of PyArg_ParseTupleAndKeywords without its cost (a new string
+ * per keyword per call): keywords arrive interned, like the spec's names, so
+ * pointer identity finds them.
+ */
+#include "args.h"
+
+#include <math.h>
+#include <stddef.h>
+#include <string.h>
+
+/* ------------------------------------------------------------------------ */
+/* Converters: 1 on success, 0 with an exception set (the "O&" protocol)    */
+/* ------------------------------------------------------------------------ */
+
+typedef int (*fmha_converter)(PyObject *obj, void *addr);
+
+/* A tensor or other object, stored as a borrowed reference. */
+static int conv_object(PyObject *obj, void *addr)
+{
+    *(PyObject **)addr = obj;
+    return 1;
+}
+
+/* A flag: bool(obj), as PyArg_Parse's "p". */
+static int conv_flag(PyObject *obj, void *addr)
+{
+    int r = PyObject_IsTrue(obj);
+    if (r < 0)
+        return 0;
+    *(int *)addr = r;
+    return 1;
+}
+
+static int conv_scale(PyObject *obj, void *addr)
+{
+    fmha_opt_scale *s = addr;
+    s->given = 0;
+    if (obj == Py_None)
+        return 1;
+    if (PyBool_Check(obj)) {
+        PyErr_SetString(PyExc_TypeError, "softmax_scale must be a real number or None, got bool");
+        return 0;
+    }
+    double v = PyFloat_AsDouble(obj);
+    if (v == -1.0 && PyErr_Occurred()) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_TypeError, "softmax_scale must be a real number or None, got %.200s",
+                     Py_TYPE(obj)->tp_name);
+        return 0;
+    }
+    if (!isfinite(v) || !isfinite((float)v)) {
+        PyErr_Format(PyExc_ValueError, "softmax_scale must be finite in float32, got %R", obj);
+        return 0;
+    }
+    s->given = 1;
+    s->value = v;
+    return 1;
+}
+
+static int conv_num_splits(PyObject *obj, void *addr)
+{
+    int *out = addr;
+    if (PyBool_Check(obj) || PyFloat_Check(obj) || !PyIndex_Check(obj)) {
+        PyErr_Format(PyExc_TypeError, "num_splits must be an int (0 = heuristic), got %.200s",
+                     Py_TYPE(obj)->tp_name);
+        return 0;
+    }
+    PyObject *index = PyNumber_Index(obj);
+    if (!index)
+        return 0;
+    int overflow = 0;
+    long long v = PyLong_AsLongLongAndOverflow(index, &overflow);
+    Py_DECREF(index);
+    if (v == -1 && PyErr_Occurred())
+        return 0;
+    if (overflow < 0 || (!overflow && v < 0)) {
+        PyErr_Format(PyExc_ValueError, "num_splits must be >= 0 (0 = heuristic), got %R", obj);
+        return 0;
+    }
+    if (overflow > 0 || v > FMHA_MAX_SPLITS) {
+        PyErr_Format(PyExc_ValueError, "num_splits=%R is absurd: at most %d splits", obj,
+                     FMHA_MAX_SPLITS);
+        return 0;
+    }
+    *out = (int)v;
+    return 1;
+}
+
+static int conv_device(PyObject *obj, void *addr)
+{
+    fmha_device_choice *out = addr;
+    if (obj == Py_None) {
+        *out = FMHA_DEVICE_AUTO;
+        return 1;
+    }
+    if (PyUnicode_Check(obj)) {
+        if (PyUnicode_CompareWithASCIIString(obj, "cpu") == 0) {
+            *out = FMHA_DEVICE_CPU;
+            return 1;
+        }
+        if (PyUnicode_CompareWithASCIIString(obj, "gpu") == 0 ||
+            PyUnicode_CompareWithASCIIString(obj, "cuda") == 0 ||
+            PyUnicode_CompareWithASCIIString(obj, "hip") == 0) {
+            *out = FMHA_DEVICE_GPU;
+            return 1;
+        }
+    }
+    PyErr_Format(PyExc_ValueError, "device must be None, \"cpu\", \"gpu\", \"cuda\" or \"hip\", "
+                 "got %R", obj);
+    return 0;
+}
+
+static int conv_stream(PyObject *obj, void *addr)
+{
+    fmha_opt_stream *s = addr;
+    s->given = 0;
+    s->handle = NULL;
+    if (obj == Py_None)
+        return 1;
+    if (PyBool_Check(obj) || !PyLong_Check(obj)) {
+        PyErr_Format(PyExc_TypeError, "stream must be an int stream handle or None, got %.200s",
+                     Py_TYPE(obj)->tp_name);
+        return 0;
+    }
+    int overflow = 0;
+    long long v = PyLong_AsLongLongAndOverflow(obj, &overflow);
+    if (v == -1 && PyErr_Occurred())
+        return 0;
+    if (overflow || v < 0) {
+        PyErr_Format(PyExc_ValueError, "stream must be a non-negative stream handle, got %R", obj);
+        return 0;
+    }
+    s->given = 1;
+    s->handle = (void *)(uintptr_t)v;
+    return 1;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Specs                                                                     */
+/* ------------------------------------------------------------------------ */
+
+typedef struct fmha_arg {
+    fmha_name name;
+    fmha_converter convert;
+    size_t offset;              /* of the value in the parsed struct */
+} fmha_arg;
+
+/* More than any spec below has. */
+#define FMHA_MAX_ARGS 16
+
+typedef struct fmha_arg_spec {
+    const fmha_arg *args;
+    int count;
+    int positional;             /* the first `positional` are required, by position or keyword */
+} fmha_arg_spec;
+
+#define FWD_ARG(id, conv, field) {FMHA_NAME_##id, conv, offsetof(fmha_fwd_args, field)}
+static const fmha_arg forward_args[] = {
+    FWD_ARG(Q, conv_object, q),
+    FWD_ARG(K, conv_object, k),
+    FWD_ARG(V, conv_object, v),
+    FWD_ARG(CAUSAL, conv_flag, causal),
+    FWD_ARG(SOFTMAX_SCALE, conv_scale, scale),
+    FWD_ARG(NUM_SPLITS, conv_num_splits, num_splits),
+    FWD_ARG(RETURN_LSE, conv_flag, return_lse),
+    FWD_ARG(OUT, conv_object, out),
+    FWD_ARG(LSE, conv_object, lse),
+    FWD_ARG(DEVICE, conv_device, device),
+    FWD_ARG(STREAM, conv_stream, stream),
+    FWD_ARG(CACHE_SEQLENS, conv_object, cache_seqlens),
+    FWD_ARG(K_NEW, conv_object, k_new),
+    FWD_ARG(V_NEW, conv_object, v_new),
+};
+#undef FWD_ARG
+static const fmha_arg_spec forward_spec = {
+    forward_args, (int)(sizeof forward_args / sizeof forward_args[0]), 3};
+
+#define COMBINE_ARG(id, conv, field) {FMHA_NAME_##id, conv, offsetof(fmha_combine_args, field)}
+static const fmha_arg combine_args[] = {
+    COMBINE_ARG(OUTS, conv_object, outs),
+    COMBINE_ARG(LSES, conv_object, lses),
+    COMBINE_ARG(OUT, conv_object, out),
+    COMBINE_ARG(LSE, conv_object, lse),
+    COMBINE_ARG(STREAM, conv_stream, stream),
+};
+#undef COMBINE_ARG
+static const fmha_arg_spec combine_spec = {
+    combine_args, (int)(sizeof combine_args / sizeof combine_args[0]), 2};
+
+_Static_assert(sizeof forward_args / sizeof forward_args[0] <= FMHA_MAX_ARGS &&
+               sizeof combine_args / sizeof combine_args[0] <= FMHA_MAX_ARGS,
+               "every spec fits the binder's table");
+
+/* ------------------------------------------------------------------------ */
+/* Binder                                                                    */
+/* ------------------------------------------------------------------------ */
+
+/* Index of the argument named key, -1 when none. */
+static int find_arg(const fmha_module_state *st, const fmha_arg_spec *spec, PyObject *key)
+{
+    for (int i = 0; i < spec->count; i++)
+        if (st->names[spec->args[i].name] == key)
+            return i;
+    for (int i = 0; i < spec->count; i++)
+        if (PyUnicode_Compare(st->names[spec->args[i].name], key) == 0)
+            return i;
+    return -1;
+}
+
+/*
+ * Bind the argument vector to spec and convert each given argument into
+ * out (arguments not given keep what out holds).  Too many arguments and
+ * missing required ones raise before any converter runs; a keyword that
+ * repeats a positional argument or names none raises after them, which is
+ * the order in which CPython reports them.
+ */
+static int parse_args(const fmha_module_state *st, const fmha_arg_spec *spec, const char *fname,
+                      PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames, void *out)
+{
+    PyObject *value[FMHA_MAX_ARGS] = {NULL};
+    Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+    int duplicate = -1;         /* lowest argument given by position and keyword */
+    PyObject *unknown = NULL;   /* first keyword that names no argument */
+    if (nargs + nkw > spec->count) {
+        PyErr_Format(PyExc_TypeError, "%.200s() takes at most %d %sargument%s (%zd given)",
+                     fname, spec->count, nargs == 0 ? "keyword " : "",
+                     spec->count == 1 ? "" : "s", nargs + nkw);
+        return -1;
+    }
+    if (nargs > spec->positional) {
+        PyErr_Format(PyExc_TypeError, "%.200s() takes at most %d positional argument%s "
+                     "(%zd given)", fname, spec->positional, spec->positional == 1 ? "" : "s",
+                     nargs);
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < nargs; i++)
+        value[i] = args[i];
+    for (Py_ssize_t j = 0; j < nkw; j++) {
+        PyObject *key = PyTuple_GET_ITEM(kwnames, j);
+        int i = find_arg(st, spec, key);
+        if (i < 0) {
+            if (!unknown)
+                unknown = key;
+        } else if (i < nargs) {
+            if (duplicate < 0 || i < duplicate)
+                duplicate = i;
+        } else {
+            value[i] = args[nargs + j];
+        }
+    }
+    for (int i = 0; i < spec->positional; i++) {
+        if (!value[i]) {
+            PyErr_Format(PyExc_TypeError, "%.200s() missing required argument '%U' (pos %d)",
+                         fname, st->names[spec->args[i].name], i + 1);
+            return -1;
+        }
+    }
+    for (int i = 0; i < spec->count; i++)
+        if (value[i] && !spec->args[i].convert(value[i], (char *)out + spec->args[i].offset))
+            return -1;
+    if (duplicate >= 0) {
+        PyErr_Format(PyExc_TypeError, "argument for %.200s() given by name ('%U') and "
+                     "position (%d)", fname, st->names[spec->args[duplicate].name],
+                     duplicate + 1);
+        return -1;
+    }
+    if (unknown) {
+        PyErr_Format(PyExc_TypeError, "'%U' is an invalid keyword argument for %.200s()",
+                     unknown, fname);
+        return -1;
+    }
+    return 0;
+}
+
+int fmha_parse_forward(const fmha_module_state *st, const char *fname, PyObject *const *args,
+                       Py_ssize_t nargs, PyObject *kwnames, fmha_fwd_args *a)
+{
+    memset(a, 0, sizeof *a);
+    a->return_lse = 1;
+    a->out = a->lse = a->cache_seqlens = a->k_new = a->v_new = Py_None;
+    return parse_args(st, &forward_spec, fname, args, nargs, kwnames, a);
+}
+
+int fmha_parse_combine(const fmha_module_state *st, PyObject *const *args, Py_ssize_t nargs,
+                       PyObject *kwnames, fmha_combine_args *a)
+{
+    memset(a, 0, sizeof *a);
+    a->out = a->lse = Py_None;
+    return parse_args(st, &combine_spec, "combine", args, nargs, kwnames, a);
+}

@@ -1,0 +1,64 @@
+/*
+ * args.h: the arguments of forward/explain and combine, parsed (args.c).
+ *
+ * Each entry point has one static spec: its argument names in order, how
+ * many lead (required, by position or keyword; the rest are keyword-only),
+ * and per argument a converter and where its value goes.  The parsed values
+ * are plain C (flags, numbers, a device choice, a stream) plus borrowed
+ * references to the tensor arguments.
+ */
+#ifndef FMHA_ARGS_H
+#define FMHA_ARGS_H
+
+#include "module.h"
+
+/* device= */
+typedef enum fmha_device_choice {
+    FMHA_DEVICE_AUTO = 0,       /* None: where the inputs are; host arrays go to a GPU if any */
+    FMHA_DEVICE_CPU = 1,
+    FMHA_DEVICE_GPU = 2,
+} fmha_device_choice;
+
+/* softmax_scale= (None: 1/sqrt(head_dim)) */
+typedef struct fmha_opt_scale {
+    int given;
+    double value;
+} fmha_opt_scale;
+
+/* stream= (None: the default stream) */
+typedef struct fmha_opt_stream {
+    int given;
+    void *handle;
+} fmha_opt_stream;
+
+/* forward(q, k, v, *, causal, softmax_scale, num_splits, return_lse, out,
+ * lse, device, stream, cache_seqlens, k_new, v_new); explain takes the same.
+ * Tensor arguments not given are Py_None. */
+typedef struct fmha_fwd_args {
+    PyObject *q, *k, *v;
+    int causal;
+    fmha_opt_scale scale;
+    int num_splits;             /* 0 = heuristic */
+    int return_lse;
+    PyObject *out, *lse;
+    fmha_device_choice device;
+    fmha_opt_stream stream;
+    PyObject *cache_seqlens, *k_new, *v_new;
+} fmha_fwd_args;
+
+/* combine(outs, lses, *, out, lse, stream) */
+typedef struct fmha_combine_args {
+    PyObject *outs, *lses;
+    PyObject *out, *lse;
+    fmha_opt_stream stream;
+} fmha_combine_args;
+
+/* Parse a METH_FASTCALL | METH_KEYWORDS call of forward (fname "forward" or
+ * "explain") / combine, with the rules and messages of
+ * PyArg_ParseTupleAndKeywords.  0, or -1 with TypeError/ValueError set. */
+int fmha_parse_forward(const fmha_module_state *st, const char *fname, PyObject *const *args,
+                       Py_ssize_t nargs, PyObject *kwnames, fmha_fwd_args *a);
+int fmha_parse_combine(const fmha_module_state *st, PyObject *const *args, Py_ssize_t nargs,
+                       PyObject *kwnames, fmha_combine_args *a);
+
+#endif /* FMHA_ARGS_H */

@@ -1,0 +1,599 @@
+/*
+ * call.c: the lifecycle of one forward, explain or combine call.
+ *
+ * Owns the order in which a call goes down the layers and releases what it
+ * took on the way: parse (args.c), open the tensors (tensor.c), validate
+ * (validate.c), fill fmha_fwd_params, choose the backend and plan once
+ * (plan.c), place memory (host copies, GPU staging, outputs allocated where
+ * the inputs live), run the backend with the GIL released, write results
+ * back and wrap the outputs.  explain() takes the same path up to the plan
+ * and hands it to explain.c, the only place a plan becomes words.
+ *
+ * Style: nothing the caller passed is written before validation has
+ * finished; every path ends in the close function of its call.
+ */
+#include "call.h"
+
+#include <math.h>
+#include <string.h>
+
+#include "args.h"
+#include "dlpack_out.h"
+#include "explain.h"
+#include "host_array.h"
+#include "module.h"
+#include "tensor.h"
+#include "validate.h"
+
+/* log2(e): the kernels compute exp(x) as exp2(x * log2(e)). */
+static const double fmha_log2e = 1.4426950408889634;
+
+/* Allocate an output where the inputs live and view it for writing; like
+ * (or NULL) lends a NumPy output its dtype object. */
+static PyObject *new_output(const fmha_module_state *st, fmha_open_ctx *ctx,
+                            const fmha_tensor *like, int on_gpu, int device, int ndim,
+                            const int64_t *shape, fmha_elem elem, fmha_tensor *view)
+{
+    PyObject *obj = on_gpu ? fmha_device_tensor_new(st, device, ctx->stream, ndim, shape, elem)
+                           : fmha_host_array_new(like, ndim, shape, elem);
+    if (!obj)
+        return NULL;
+    if (fmha_tensor_open(obj, FMHA_OPEN_WRITE, ctx, view) < 0) {
+        Py_DECREF(obj);
+        return NULL;
+    }
+    return obj;
+}
+
+/* ------------------------------------------------------------------------ */
+/* forward / explain                                                         */
+/* ------------------------------------------------------------------------ */
+
+typedef struct fmha_fwd_call {
+    fmha_fwd_args a;
+    fmha_open_ctx ctx;
+    fmha_fwd_views t;
+    int append;                 /* k_new/v_new are written into k/v */
+    fmha_cache_lengths lengths;
+
+    /* decision */
+    fmha_fwd_params p;
+    fmha_backend backend;
+    int gpu_device;
+    const fmha_device_info *dev_info;
+    int empty;                  /* batch or seqlen_q is 0: nothing runs */
+    fmha_status plan_status;
+    fmha_plan plan;
+    int gpu_rejected;           /* device=None on host arrays: the GPU gate said no */
+    fmha_plan gpu_plan;
+
+    /* run */
+    PyObject *out_obj, *lse_obj; /* strong references to the returned outputs */
+    int staged;                  /* host arrays were copied to a GPU */
+    int need_sync;               /* ... and the call must wait for the stream */
+    int synced;
+} fmha_fwd_call;
+
+static void fwd_close(fmha_fwd_call *c)
+{
+    if (c->staged && !c->synced && (c->need_sync || PyErr_Occurred())) {
+        /* Uploads may still read host copies that close frees. */
+        Py_BEGIN_ALLOW_THREADS
+        (void)fmha_gpu_stream_sync(c->gpu_device, c->ctx.stream);
+        Py_END_ALLOW_THREADS
+        c->synced = 1;
+    }
+    fmha_tensor *views[] = {&c->t.q, &c->t.k, &c->t.v, &c->t.out, &c->t.lse, &c->t.seqlens,
+                            &c->t.k_new, &c->t.v_new};
+    for (size_t i = 0; i < sizeof views / sizeof views[0]; i++)
+        fmha_tensor_close(views[i]);
+    Py_CLEAR(c->out_obj);
+    Py_CLEAR(c->lse_obj);
+}
+
+/* Open every tensor argument that was given. */
+static int fwd_open(fmha_module_state *st, fmha_fwd_call *c)
+{
+    const fmha_fwd_args *a = &c->a;
+    struct {
+        PyObject *obj;
+        fmha_tensor *view;
+        const char *name;
+        unsigned flags;
+    } args[] = {
+        {a->q, &c->t.q, "q", 0},
+        {a->k, &c->t.k, "k", c->append ? FMHA_OPEN_WRITE : 0},
+        {a->v, &c->t.v, "v", c->append ? FMHA_OPEN_WRITE : 0},
+        {a->out, &c->t.out, "out", FMHA_OPEN_WRITE},
+        {a->lse, &c->t.lse, "lse", FMHA_OPEN_WRITE},
+        {a->cache_seqlens, &c->t.seqlens, "cache_seqlens", 0},
+        {a->k_new, &c->t.k_new, "k_new", 0},
+        {a->v_new, &c->t.v_new, "v_new", 0},
+    };
+    size_t n = sizeof args / sizeof args[0];
+    for (size_t i = 0; i < n; i++)
+        fmha_tensor_init(args[i].view, args[i].name);
+    fmha_open_ctx_init(&c->ctx, st, c->a.stream.handle);
+    /* q, k and v are required: None is an error of theirs (open says so). */
+    for (size_t i = 0; i < n; i++)
+        if ((i < 3 || args[i].obj != Py_None) &&
+            fmha_tensor_open(args[i].obj, args[i].flags, &c->ctx, args[i].view) < 0)
+            return -1;
+    return 0;
+}
+
+/* The problem fields of the params (pointers come with fwd_fill_pointers). */
+static void fwd_fill_problem(fmha_fwd_call *c)
+{
+    fmha_fwd_params *p = &c->p;
+    memset(p, 0, sizeof *p);
+    p->batch = c->t.q.shape[0];
+    p->seqlen_q = c->t.q.shape[1];
+    p->heads_q = c->t.q.shape[2];
+    p->head_dim = c->t.q.shape[3];
+    p->seqlen_k = c->t.k.shape[1];
+    p->heads_kv = c->t.k.shape[2];
+    p->dtype = (fmha_dtype)c->t.q.elem;
+    p->causal = c->a.causal;
+    double scale = c->a.scale.given ? c->a.scale.value : 1.0 / sqrt((double)p->head_dim);
+    p->softmax_scale = (float)scale;
+    p->scale_log2 = (float)(scale * fmha_log2e);
+    p->seqlen_new = c->append ? c->t.k_new.shape[1] : 0;
+    p->stream = c->ctx.stream;
+    p->num_threads = 0;
+    c->empty = p->batch == 0 || p->seqlen_q == 0;
+}
+
+/* Element strides of a 4-D view, into three params fields (head_dim stride is 1). */
+static void strides3(const fmha_tensor *t, int64_t *batch, int64_t *row, int64_t *head)
+{
+    *batch = t->strides[0];
+    *row = t->strides[1];
+    *head = t->strides[2];
+}
+
+/* Pointer and strides the backend will see for t: its own memory, or (when
+ * staged or allocated by us) a compact buffer, whose allocation is aligned
+ * for any vector access and whose address is not known yet (NULL stands for
+ * it, which the planner's alignment rule treats alike). */
+static void planned_layout(const fmha_tensor *t, int compact, const void **ptr, int64_t *batch,
+                           int64_t *row, int64_t *head)
+{
+    if (compact) {
+        *ptr = NULL;
+        *head = t->shape[3];
+        *row = t->shape[2] * *head;
+        *batch = t->shape[1] * *row;
+    } else {
+        *ptr = t->data;
+        strides3(t, batch, row, head);
+    }
+}
+
+/*
+ * Plan for one backend on the layout the backend will get once memory is
+ * placed, so that the one plan made before placement is the plan that runs
+ * (and the plan explain shows).  With a KV cache the planner sees the longest
+ * cache length as seqlen_k and the sum of all keys.
+ */
+static fmha_status plan_for(const fmha_fwd_call *c, fmha_backend backend, fmha_plan *plan)
+{
+    fmha_target target;
+    memset(&target, 0, sizeof target);
+    target.backend = backend;
+    target.num_threads = fmha_cpu_num_threads();
+    target.device = backend == FMHA_BACKEND_GPU ? c->dev_info : NULL;
+    target.gpu_compiled = fmha_gpu_compiled();
+    fmha_fwd_params planned = c->p;
+    fmha_fwd_params *p = &planned;
+    const fmha_fwd_views *t = &c->t;
+    int gpu = backend == FMHA_BACKEND_GPU;
+    const void *out_ptr = NULL;
+    planned_layout(&t->q, gpu && !t->q.on_gpu, &p->q, &p->q_batch_stride, &p->q_row_stride,
+                   &p->q_head_stride);
+    planned_layout(&t->k, gpu && !t->k.on_gpu, &p->k, &p->k_batch_stride, &p->k_row_stride,
+                   &p->k_head_stride);
+    planned_layout(&t->v, gpu && !t->v.on_gpu, &p->v, &p->v_batch_stride, &p->v_row_stride,
+                   &p->v_head_stride);
+    /* An output we allocate is compact, like a staged copy of q. */
+    const fmha_tensor *out = t->out.present ? &t->out : &t->q;
+    planned_layout(out, !t->out.present || (gpu && !t->out.on_gpu), &out_ptr,
+                   &p->o_batch_stride, &p->o_row_stride, &p->o_head_stride);
+    p->out = (void *)(uintptr_t)out_ptr;
+    if (t->lse.present && !(gpu && !t->lse.on_gpu)) {
+        p->lse = t->lse.data;
+        p->lse_batch_stride = t->lse.strides[0];
+        p->lse_head_stride = t->lse.strides[1];
+        p->lse_row_stride = t->lse.strides[2];
+    }
+    if (c->append) {
+        planned_layout(&t->k_new, gpu && !t->k_new.on_gpu, &p->k_new, &p->knew_batch_stride,
+                       &p->knew_row_stride, &p->knew_head_stride);
+        planned_layout(&t->v_new, gpu && !t->v_new.on_gpu, &p->v_new, &p->vnew_batch_stride,
+                       &p->vnew_row_stride, &p->vnew_head_stride);
+    }
+    /* Only its presence matters to the planner, which reads nothing behind it. */
+    p->seqlens_k = t->seqlens.present ? (const int32_t *)t->seqlens.data : NULL;
+    if (p->seqlens_k) {
+        p->seqlen_k = c->lengths.max_seqlen;
+        p->total_keys = c->lengths.total_keys;
+    }
+    return fmha_plan_make(p, &target, c->a.num_splits, plan);
+}
+
+/* Choose the backend and make the call's one plan. */
+static int fwd_plan(fmha_module_state *st, fmha_fwd_call *c)
+{
+    int want_gpu = c->t.q.on_gpu || c->a.device == FMHA_DEVICE_GPU ||
+                   (c->a.device == FMHA_DEVICE_AUTO && fmha_gpu_device_count() > 0 && !c->empty);
+    c->gpu_device = c->t.q.on_gpu ? c->t.q.device_id : 0;
+    c->p.device = c->gpu_device;
+    if (want_gpu) {
+        fmha_status status = fmha_gpu_device_info(c->gpu_device, &c->dev_info);
+        if (fmha_raise_status(st, status, "reading the GPU's properties") < 0)
+            return -1;
+    }
+    c->backend = want_gpu ? FMHA_BACKEND_GPU : FMHA_BACKEND_CPU;
+    if (c->empty) {
+        /* Nothing runs: no plan (explain says so). */
+        c->plan_status = FMHA_OK;
+        return 0;
+    }
+    c->plan_status = plan_for(c, c->backend, &c->plan);
+    if (c->plan_status == FMHA_ERR_UNSUPPORTED && c->backend == FMHA_BACKEND_GPU &&
+        c->a.device == FMHA_DEVICE_AUTO && !c->t.q.on_gpu) {
+        /* Host arrays with device=None: the CPU runs what the GPU cannot. */
+        c->gpu_rejected = 1;
+        c->gpu_plan = c->plan;
+        c->backend = FMHA_BACKEND_CPU;
+        c->plan_status = plan_for(c, c->backend, &c->plan);
+    }
+    if (c->plan_status != FMHA_OK && c->plan_status != FMHA_ERR_UNSUPPORTED)
+        return fmha_raise_status(st, c->plan_status, "planning");
+    return 0;
+}
+
+/* The call as explain.c describes it. */
+static fmha_explain_input explain_input(const fmha_fwd_call *c, fmha_target *target,
+                                        fmha_target *gpu_target)
+{
+    memset(target, 0, sizeof *target);
+    target->backend = c->backend;
+    target->num_threads = fmha_cpu_num_threads();
+    target->device = c->backend == FMHA_BACKEND_GPU ? c->dev_info : NULL;
+    target->gpu_compiled = fmha_gpu_compiled();
+    *gpu_target = *target;
+    gpu_target->backend = FMHA_BACKEND_GPU;
+    gpu_target->device = c->dev_info;
+    fmha_explain_input in = {
+        .p = &c->p, .target = target, .plan = &c->plan,
+        .plan_ok = c->plan_status == FMHA_OK, .requested_splits = c->a.num_splits,
+        .dtype_name = fmha_elem_name(c->t.q.elem), .kv_cache = c->t.seqlens.present,
+        .inputs_on_host = !c->t.q.on_gpu, .device_ordinal = c->gpu_device,
+        .gpu_rejected = c->gpu_rejected ? &c->gpu_plan : NULL,
+        .gpu_rejected_target = c->gpu_rejected ? gpu_target : NULL, .empty = c->empty,
+    };
+    return in;
+}
+
+/* Everything up to (and including) the plan; runs nothing, writes nothing. */
+static int fwd_prepare(fmha_module_state *st, fmha_fwd_call *c)
+{
+    c->append = c->a.k_new != Py_None && c->a.v_new != Py_None && c->a.cache_seqlens != Py_None;
+    if (fwd_open(st, c) < 0 ||
+        fmha_validate_forward(st, &c->t, c->a.device, c->append, c->ctx.stream, &c->lengths) < 0)
+        return -1;
+    fwd_fill_problem(c);
+    return fwd_plan(st, c);
+}
+
+/* Outputs: the caller's, or new ones where the inputs live. */
+static int fwd_outputs(fmha_module_state *st, fmha_fwd_call *c)
+{
+    int on_gpu = c->t.q.on_gpu;
+    int64_t lse_shape[3] = {c->p.batch, c->p.heads_q, c->p.seqlen_q};
+    if (c->a.out != Py_None) {
+        Py_INCREF(c->a.out);
+        c->out_obj = c->a.out;
+    } else if (!(c->out_obj = new_output(st, &c->ctx, &c->t.q, on_gpu, c->gpu_device, 4,
+                                         c->t.q.shape, c->t.q.elem, &c->t.out))) {
+        return -1;
+    }
+    if (c->a.lse != Py_None) {
+        Py_INCREF(c->a.lse);
+        c->lse_obj = c->a.lse;
+    } else if (c->a.return_lse &&
+               !(c->lse_obj = new_output(st, &c->ctx, NULL, on_gpu, c->gpu_device, 3, lse_shape,
+                                         FMHA_ELEM_F32, &c->t.lse))) {
+        return -1;
+    }
+    return 0;
+}
+
+/* Copy host memory to the GPU, or point the CPU backend at usable memory. */
+static int fwd_place_memory(const fmha_module_state *st, fmha_fwd_call *c)
+{
+    fmha_tensor *inputs[] = {&c->t.q, &c->t.k, &c->t.v, &c->t.k_new, &c->t.v_new,
+                             &c->t.seqlens};
+    fmha_tensor *outputs[] = {&c->t.out, &c->t.lse};
+    if (c->backend == FMHA_BACKEND_CPU) {
+        for (size_t i = 0; i < sizeof inputs / sizeof inputs[0]; i++)
+            if (inputs[i]->present && fmha_tensor_host_prepare(inputs[i], 1, 1) < 0)
+                return -1;
+        if (fmha_tensor_host_prepare(&c->t.out, 1, 0) < 0)
+            return -1;
+        if (c->t.lse.present && fmha_tensor_host_prepare(&c->t.lse, 0, 0) < 0)
+            return -1;
+        return 0;
+    }
+    /*
+     * GPU: host arrays (all of them, or only cache_seqlens next to device
+     * tensors) get device copies.  Host results need a stream sync; so does
+     * an upload from a host copy that fwd_close frees.  An upload straight
+     * from the caller's pageable memory has been read when the copy call
+     * returns (CUDA and HIP semantics for pageable sources), so device
+     * tensors with a host cache_seqlens stay asynchronous.
+     */
+    fmha_status status = FMHA_OK;
+    for (size_t i = 0; status == FMHA_OK && i < sizeof inputs / sizeof inputs[0]; i++) {
+        if (inputs[i]->present && !inputs[i]->on_gpu) {
+            c->staged = 1;
+            status = fmha_tensor_stage(inputs[i], c->gpu_device, c->ctx.stream, 1);
+            c->need_sync |= inputs[i]->host_copy != NULL;
+        }
+    }
+    for (size_t i = 0; status == FMHA_OK && i < sizeof outputs / sizeof outputs[0]; i++) {
+        if (outputs[i]->present && !outputs[i]->on_gpu) {
+            c->staged = 1;
+            c->need_sync = 1;
+            status = fmha_tensor_stage(outputs[i], c->gpu_device, c->ctx.stream, 0);
+        }
+    }
+    return fmha_raise_status(st, status, "copying host arrays to the GPU");
+}
+
+/* Point the params at the views' (possibly copied or staged) memory. */
+static void fwd_fill_pointers(fmha_fwd_call *c)
+{
+    fmha_fwd_params *p = &c->p;
+    const fmha_fwd_views *t = &c->t;
+    p->q = t->q.data;
+    p->k = t->k.data;
+    p->v = t->v.data;
+    p->out = t->out.data;
+    p->lse = t->lse.present ? (float *)t->lse.data : NULL;
+    strides3(&t->q, &p->q_batch_stride, &p->q_row_stride, &p->q_head_stride);
+    strides3(&t->k, &p->k_batch_stride, &p->k_row_stride, &p->k_head_stride);
+    strides3(&t->v, &p->v_batch_stride, &p->v_row_stride, &p->v_head_stride);
+    strides3(&t->out, &p->o_batch_stride, &p->o_row_stride, &p->o_head_stride);
+    if (p->lse) {
+        p->lse_batch_stride = t->lse.strides[0];
+        p->lse_head_stride = t->lse.strides[1];
+        p->lse_row_stride = t->lse.strides[2];
+    }
+    p->seqlens_k = t->seqlens.present ? (const int32_t *)t->seqlens.data : NULL;
+    if (c->append) {
+        p->k_new = t->k_new.data;
+        p->v_new = t->v_new.data;
+        strides3(&t->k_new, &p->knew_batch_stride, &p->knew_row_stride, &p->knew_head_stride);
+        strides3(&t->v_new, &p->vnew_batch_stride, &p->vnew_row_stride, &p->vnew_head_stride);
+    }
+}
+
+/* Outputs of a problem with no keys at all, written here on the host. */
+static void fill_no_keys(fmha_fwd_call *c)
+{
+    const float neg_inf = -INFINITY;
+    const unsigned char zero_bytes[sizeof(float)] = {0}; /* +0 in every element type */
+    fmha_tensor_fill_host(&c->t.out, zero_bytes);
+    if (c->t.lse.present)
+        fmha_tensor_fill_host(&c->t.lse, &neg_inf);
+}
+
+/* Run the backend on the placed memory (GIL released) and finish the writes. */
+static int fwd_execute(fmha_module_state *st, fmha_fwd_call *c)
+{
+    int gpu = c->backend == FMHA_BACKEND_GPU;
+    fmha_plan_apply(&c->plan, &c->p);
+    fmha_status status, sync_status = FMHA_OK;
+    fmha_tensor *written[] = {&c->t.out, &c->t.lse, c->append ? &c->t.k : NULL,
+                              c->append ? &c->t.v : NULL};
+    size_t n_written = sizeof written / sizeof written[0];
+    Py_BEGIN_ALLOW_THREADS
+    status = gpu ? fmha_gpu_fwd(&c->p) : fmha_cpu_fwd(&c->p);
+    if (c->need_sync) {
+        for (size_t i = 0; status == FMHA_OK && i < n_written; i++)
+            if (written[i])
+                status = fmha_tensor_download(written[i]);
+        sync_status = fmha_gpu_stream_sync(c->gpu_device, c->ctx.stream);
+        c->synced = 1;
+    }
+    Py_END_ALLOW_THREADS
+    if (status == FMHA_OK)
+        status = sync_status;
+    if (fmha_raise_status(st, status, gpu ? "GPU forward" : "CPU forward") < 0)
+        return -1;
+    for (size_t i = 0; i < n_written; i++) {
+        if (!written[i])
+            continue;
+        if (written[i]->on_gpu)
+            fmha_tensor_mark_written(written[i], c->ctx.stream);
+        else
+            fmha_tensor_host_writeback(written[i]);
+    }
+    return 0;
+}
+
+static PyObject *fwd_run(fmha_module_state *st, fmha_fwd_call *c)
+{
+    if (c->plan_status == FMHA_ERR_UNSUPPORTED) {
+        fmha_target target, gpu_target;
+        fmha_explain_input in = explain_input(c, &target, &gpu_target);
+        return fmha_explain_raise_unsupported(&in);
+    }
+    if (fwd_outputs(st, c) < 0)
+        return NULL;
+    if (!c->empty && c->p.seqlen_k == 0 && !c->t.out.on_gpu) {
+        fill_no_keys(c);
+    } else if (!c->empty) {
+        if (fwd_place_memory(st, c) < 0)
+            return NULL;
+        fwd_fill_pointers(c);
+        if (fwd_execute(st, c) < 0)
+            return NULL;
+    }
+    if (!c->a.return_lse) {
+        Py_INCREF(c->out_obj);
+        return c->out_obj;
+    }
+    return PyTuple_Pack(2, c->out_obj, c->lse_obj);
+}
+
+static PyObject *fwd_explain(fmha_module_state *st, fmha_fwd_call *c)
+{
+    (void)st;
+    fmha_target target, gpu_target;
+    fmha_explain_input in = explain_input(c, &target, &gpu_target);
+    return fmha_explain_dict(&in);
+}
+
+/* forward and explain: parse and prepare the same call, then `finish` it. */
+static PyObject *fwd_call(PyObject *module, const char *name, PyObject *const *args,
+                          Py_ssize_t nargs, PyObject *kwnames,
+                          PyObject *(*finish)(fmha_module_state *, fmha_fwd_call *))
+{
+    fmha_module_state *st = PyModule_GetState(module);
+    fmha_fwd_call c;
+    PyObject *result = NULL;
+    memset(&c, 0, sizeof c);
+    if (fmha_parse_forward(st, name, args, nargs, kwnames, &c.a) >= 0 &&
+        fwd_prepare(st, &c) >= 0)
+        result = finish(st, &c);
+    fwd_close(&c);
+    return result;
+}
+
+PyObject *fmha_call_forward(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
+                            PyObject *kwnames)
+{
+    return fwd_call(module, "forward", args, nargs, kwnames, fwd_run);
+}
+
+PyObject *fmha_call_explain(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
+                            PyObject *kwnames)
+{
+    return fwd_call(module, "explain", args, nargs, kwnames, fwd_explain);
+}
+
+/* ------------------------------------------------------------------------ */
+/* combine                                                                   */
+/* ------------------------------------------------------------------------ */
+
+/* The combine parameters for the views' (placed) memory. */
+static void combine_fill(const fmha_combine_views *t, void *stream, fmha_combine_params *cp)
+{
+    memset(cp, 0, sizeof *cp);
+    cp->num_splits = t->outs.shape[0];
+    cp->batch = t->outs.shape[1];
+    cp->seqlen_q = t->outs.shape[2];
+    cp->heads = t->outs.shape[3];
+    cp->head_dim = t->outs.shape[4];
+    cp->in_dtype = (fmha_dtype)t->outs.elem;
+    cp->out_dtype = (fmha_dtype)t->out.elem;
+    cp->o_partial = t->outs.data;
+    cp->op_split_stride = t->outs.strides[0];
+    cp->op_batch_stride = t->outs.strides[1];
+    cp->op_row_stride = t->outs.strides[2];
+    cp->op_head_stride = t->outs.strides[3];
+    cp->lse_partial = t->lses.data;
+    cp->lp_split_stride = t->lses.strides[0];
+    cp->lp_batch_stride = t->lses.strides[1];
+    cp->lp_head_stride = t->lses.strides[2];
+    cp->lp_row_stride = t->lses.strides[3];
+    cp->out = t->out.data;
+    cp->o_batch_stride = t->out.strides[0];
+    cp->o_row_stride = t->out.strides[1];
+    cp->o_head_stride = t->out.strides[2];
+    cp->lse = t->lse.data;
+    cp->lse_batch_stride = t->lse.strides[0];
+    cp->lse_head_stride = t->lse.strides[1];
+    cp->lse_row_stride = t->lse.strides[2];
+    cp->stream = stream;
+    cp->device = t->outs.device_id;
+    cp->num_threads = 0;
+}
+
+PyObject *fmha_call_combine(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
+                            PyObject *kwnames)
+{
+    fmha_module_state *st = PyModule_GetState(module);
+    fmha_combine_args a;
+    fmha_combine_views t;
+    fmha_open_ctx ctx;
+    PyObject *out_obj = NULL, *lse_obj = NULL, *result = NULL;
+    fmha_tensor_init(&t.outs, "outs");
+    fmha_tensor_init(&t.lses, "lses");
+    fmha_tensor_init(&t.out, "out");
+    fmha_tensor_init(&t.lse, "lse");
+    if (fmha_parse_combine(st, args, nargs, kwnames, &a) < 0)
+        goto done;
+    fmha_open_ctx_init(&ctx, st, a.stream.handle);
+    if (fmha_tensor_open(a.outs, 0, &ctx, &t.outs) < 0 ||
+        fmha_tensor_open(a.lses, 0, &ctx, &t.lses) < 0 ||
+        (a.out != Py_None && fmha_tensor_open(a.out, FMHA_OPEN_WRITE, &ctx, &t.out) < 0) ||
+        (a.lse != Py_None && fmha_tensor_open(a.lse, FMHA_OPEN_WRITE, &ctx, &t.lse) < 0))
+        goto done;
+    if (fmha_validate_combine(&t) < 0)
+        goto done;
+
+    int on_gpu = t.outs.on_gpu, device = t.outs.device_id;
+    int64_t batch = t.outs.shape[1], seqlen_q = t.outs.shape[2], heads = t.outs.shape[3];
+    int64_t out_shape[4] = {batch, seqlen_q, heads, t.outs.shape[4]};
+    int64_t lse_shape[3] = {batch, heads, seqlen_q};
+    if (a.out != Py_None) {
+        Py_INCREF(a.out);
+        out_obj = a.out;
+    } else if (!(out_obj = new_output(st, &ctx, &t.outs, on_gpu, device, 4, out_shape,
+                                      t.outs.elem, &t.out))) {
+        goto done;
+    }
+    if (a.lse != Py_None) {
+        Py_INCREF(a.lse);
+        lse_obj = a.lse;
+    } else if (!(lse_obj = new_output(st, &ctx, NULL, on_gpu, device, 3, lse_shape,
+                                      FMHA_ELEM_F32, &t.lse))) {
+        goto done;
+    }
+
+    if (batch * seqlen_q * heads > 0) {
+        if (fmha_tensor_host_prepare(&t.outs, 1, 1) < 0 ||
+            fmha_tensor_host_prepare(&t.lses, 0, 1) < 0 ||
+            fmha_tensor_host_prepare(&t.out, 1, 0) < 0 ||
+            fmha_tensor_host_prepare(&t.lse, 0, 0) < 0)
+            goto done;
+        fmha_combine_params cp;
+        combine_fill(&t, ctx.stream, &cp);
+        fmha_status status;
+        Py_BEGIN_ALLOW_THREADS
+        status = on_gpu ? fmha_gpu_combine(&cp) : fmha_cpu_combine(&cp);
+        Py_END_ALLOW_THREADS
+        if (fmha_raise_status(st, status, on_gpu ? "GPU combine" : "CPU combine") < 0)
+            goto done;
+        if (on_gpu) {
+            fmha_tensor_mark_written(&t.out, ctx.stream);
+            fmha_tensor_mark_written(&t.lse, ctx.stream);
+        } else {
+            fmha_tensor_host_writeback(&t.out);
+            fmha_tensor_host_writeback(&t.lse);
+        }
+    }
+    result = PyTuple_Pack(2, out_obj, lse_obj);
+done:
+    fmha_tensor_close(&t.outs);
+    fmha_tensor_close(&t.lses);
+    fmha_tensor_close(&t.out);
+    fmha_tensor_close(&t.lse);
+    Py_XDECREF(out_obj);
+    Py_XDECREF(lse_obj);
+    return result;
+}
