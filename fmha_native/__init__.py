@@ -5,6 +5,9 @@ re-exports the extension's functions and, for callers that hand in torch or
 CuPy arrays, picks the caller's current stream and allocates the outputs with
 the caller's own library, so results come back as the caller's kind of array.
 torch and CuPy are imported only when the caller's objects come from them.
+It also owns the checks made once at import (the extension's version, the
+FMHA_NUM_THREADS / FMHA_CPU_SIMD settings), the refusal of torch tensors that
+require grad under grad mode, and the public functions' signatures.
 
     out, lse = fmha_native.forward(q, k, v, causal=True, num_splits=0)
 
@@ -251,15 +254,12 @@ def _dispatch(fn, q, k, v, kw, allocate):
 
 
 def forward(q, k, v, **kw):
-    """forward(q, k, v, *, causal=False, softmax_scale=None, num_splits=0,
-    return_lse=True, out=None, lse=None, device=None, stream=None,
-    cache_seqlens=None, k_new=None, v_new=None) -> (out, lse) or out
+    """Attention forward: (out, lse), or out alone when return_lse is false.
 
-    Attention forward.  q [batch, seqlen_q, heads_q, head_dim], k and v
-    [batch, seqlen_k, heads_kv, head_dim] (sequence before heads: a torch SDPA
-    tensor [batch, heads, seq, dim] needs .transpose(1, 2) first).  Returns
-    (out, lse): out like q, lse float32 [batch, heads_q, seqlen_q] (natural log);
-    out alone when return_lse is false.
+    q [batch, seqlen_q, heads_q, head_dim], k and v [batch, seqlen_k, heads_kv,
+    head_dim] (sequence before heads: a torch SDPA tensor [batch, heads, seq, dim]
+    needs .transpose(1, 2) first).  out is like q; lse is float32
+    [batch, heads_q, seqlen_q] (natural log).
 
     ``causal``: bottom-right aligned mask.  ``softmax_scale``: default
     1/sqrt(head_dim).  ``num_splits``: 0 = heuristic, 1 = no split, >= 2 = forced
@@ -277,9 +277,9 @@ def forward(q, k, v, **kw):
 
 
 def explain(q, k, v, **kw):
-    """explain(q, k, v, **forward_keywords) -> dict
+    """The plan forward would run with the same arguments, as a dict.
 
-    The plan forward would run, without running it: backend, kernel, effective
+    The plan, without running it: backend, kernel, effective
     num_splits, block_m, block_n, pack_gqa, reason, gate ({requirement: {"met",
     "why"}}), supported, and the problem's dimensions.  Validates like forward.
     """
@@ -289,9 +289,9 @@ def explain(q, k, v, **kw):
 
 
 def combine(outs, lses, **kw):
-    """combine(outs, lses, *, out=None, lse=None, stream=None) -> (out, lse)
+    """Merge partial attention states: (out, lse).
 
-    Merge G partial attention states (as split-K or context parallelism produce
+    Merges G partial attention states (as split-K or context parallelism produce
     them): outs [G, batch, seqlen_q, heads, head_dim] normalised by their own
     row sums, lses float32 [G, batch, heads, seqlen_q].  out has outs' dtype
     [batch, seqlen_q, heads, head_dim]; lse is float32 [batch, heads, seqlen_q].
