@@ -30,7 +30,9 @@ done
 [ -n "${NCU_EXTRA:-}" ] && metrics="$metrics,$NCU_EXTRA"
 for s in "${shapes[@]}"; do
   log=$(mktemp)
-  "$NCU" --clock-control none --print-units base --csv --kernel-name regex:fwd_sm90_kernel --launch-count 1 \
+  # application replay: each metric pass reruns the harness, no save/restore of GBs of device memory
+  "$NCU" --clock-control none --replay-mode application --print-units base --csv \
+    --kernel-name regex:fwd_sm90_kernel --launch-count 1 \
     --metrics "$metrics" "$out/sm90_check" --profile "$s" > "$log" 2>&1
   python3 - "$log" "$s" <<'PY'
 import csv, sys
