@@ -525,6 +525,10 @@ int main(int argc, char **argv)
         printf("not a cc 9.x device: nothing to check\n");
         return 2;
     }
+    if (!fmha_tensor_map_encoder()) {
+        printf("the driver has no cuTensorMapEncodeTiled: every launch will be refused\n");
+        return 2;
+    }
 
     if (profile) {
         shape s;

@@ -17,7 +17,7 @@ command -v "$NVCC" >/dev/null || NVCC=/usr/local/cuda/bin/nvcc
   benchmarks/tools/sm90_check.cu -o "$out/sm90_check" 2> "$out/sm90_check.ptxas.txt" || {
   cat "$out/sm90_check.ptxas.txt"; exit 1; }
 # the prefill kernels' lines of the report: registers, stack, spills
-grep -A3 "Compiling entry function '_ZN4fmha4sm90" "$out/sm90_check.ptxas.txt" | grep -E "stack frame|registers" | sort | uniq -c
+{ grep -A3 "Compiling entry function '_ZN4fmha4sm90" "$out/sm90_check.ptxas.txt" | grep -E "stack frame|registers" | sort | uniq -c; } || true
 [ "${1:-}" = "--build-only" ] && exit 0
 status=0
 if [ "${1:-}" = "--sanitize" ]; then
@@ -25,9 +25,9 @@ if [ "${1:-}" = "--sanitize" ]; then
   command -v "$CS" >/dev/null || CS=/usr/local/cuda/bin/compute-sanitizer
   for tool in memcheck racecheck synccheck; do
     echo "== compute-sanitizer --tool $tool"
-    timeout 900 "$CS" --tool $tool --error-exitcode 3 "$out/sm90_check" --small 2>&1 | tail -4 || status=1
+    timeout 240 "$CS" --tool $tool --error-exitcode 3 "$out/sm90_check" --small 2>&1 | tail -4 || status=1
   done
 fi
 # A pipeline that hangs is stopped here; the rows finished before it are on stdout.
-timeout "${SM90_CHECK_TIMEOUT:-900}" "$out/sm90_check" || status=1
+timeout "${SM90_CHECK_TIMEOUT:-420}" "$out/sm90_check" || status=1
 exit $status
