@@ -228,6 +228,31 @@ static void split_text(const fmha_plan *plan, char *buf, size_t len)
     snprintf(buf, len, "?");
 }
 
+/* The numbers behind the split count, for tools (benchmarks read tiles and slots). */
+static PyObject *split_dict(const fmha_plan *plan)
+{
+    static const char *const rules[] = {"forced", "heuristic", "ragged"};
+    const fmha_split_why *w = &plan->split;
+    PyObject *d = PyDict_New();
+    if (!d)
+        return NULL;
+    if (fmha_dict_set(d, "rule", PyUnicode_FromString(rules[w->rule])) < 0 ||
+        fmha_dict_set(d, "tiles", PyLong_FromLongLong(w->tiles)) < 0 ||
+        fmha_dict_set(d, "key_blocks", PyLong_FromLongLong(w->key_blocks)) < 0 ||
+        fmha_dict_set(d, "units", PyLong_FromLongLong(w->units)) < 0 ||
+        fmha_dict_set(d, "slots", PyLong_FromLongLong(w->slots)) < 0 ||
+        (w->rule == FMHA_SPLITS_HEURISTIC &&
+         (fmha_dict_set(d, "waves", PyLong_FromLongLong(w->waves)) < 0 ||
+          fmha_dict_set(d, "busy", PyFloat_FromDouble(w->busy)) < 0)) ||
+        (w->rule == FMHA_SPLITS_RAGGED &&
+         (fmha_dict_set(d, "total_blocks", PyLong_FromLongLong(w->total_blocks)) < 0 ||
+          fmha_dict_set(d, "chunk", PyLong_FromLongLong(w->chunk)) < 0))) {
+        Py_DECREF(d);
+        return NULL;
+    }
+    return d;
+}
+
 /* Why this kernel, tiles and split count (or what the problem needs that is missing). */
 static void plan_reason(const fmha_plan *plan, const fmha_target *t, char *buf, size_t len)
 {
@@ -326,6 +351,8 @@ PyObject *fmha_explain_dict(const fmha_explain_input *in)
             fmha_dict_set(d, "cpu_simd", PyUnicode_FromString(fmha_cpu_simd_name())) < 0)
             goto fail;
     }
+    if (!in->empty && plan->supported && fmha_dict_set(d, "split", split_dict(plan)) < 0)
+        goto fail;
     if (in->gpu_rejected &&
         fmha_dict_set(d, "gpu_rejected",
                       Py_BuildValue("{s:s,s:s,s:N}", "kernel", "", "reason", rejected, "gate",

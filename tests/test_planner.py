@@ -149,6 +149,8 @@ def test_few_tiles_with_long_keys_fill_the_machine(device):
     decode_walkers = 4
     ctas = 8 * plan["num_splits"] * plan["walkers_per_split"] / decode_walkers
     assert plan["num_splits"] > 1
+    assert plan["split"]["rule"] == "heuristic" and plan["split"]["tiles"] == 8
+    assert plan["split"]["key_blocks"] == 131072 // 32
     assert 0.9 * device["sm_count"] <= ctas <= 2 * device["sm_count"], plan["reason"]
 
 
