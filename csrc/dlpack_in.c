@@ -7,7 +7,7 @@
  * names of DLPack dtypes.  Rules followed (array API "data interchange"):
  * __dlpack_device__ first, then __dlpack__(stream=..., max_version=(1, 0))
  * with the stream only for device tensors; the capsule is renamed to its
- * "used_" name only once the view is complete, after which we own the
+ * "used_" name only once its tensor has been read, after which we own the
  * managed tensor and call its deleter in fmha_tensor_close.  Before the
  * rename, an error simply drops the capsule and the producer's destructor
  * deletes it.
@@ -288,10 +288,9 @@ int fmha_dlpack_view_capsule(PyObject *capsule, unsigned flags, fmha_tensor *t)
     t->on_gpu = where == 1;
     t->device_id = t->on_gpu ? dl->device.device_id : 0;
     t->readonly = (dl_flags & DLPACK_FLAG_BITMASK_READ_ONLY) != 0;
-    if (fmha_tensor_finish_view(t, flags) < 0)
-        goto fail;
 
-    /* The view is complete: take ownership of the managed tensor. */
+    /* Read: take ownership of the managed tensor (fmha_tensor_close deletes it,
+     * also when the view fails the checks that follow). */
     if (PyCapsule_SetName(capsule, versioned ? FMHA_DLPACK_CAPSULE_VERSIONED_USED
                                              : FMHA_DLPACK_CAPSULE_USED) < 0)
         goto fail;

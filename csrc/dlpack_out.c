@@ -35,8 +35,7 @@ typedef struct fmha_device_tensor {
 
 /* Our own Tensor skips __dlpack__, so do here what its producer side would:
  * work on another stream that last wrote it must finish first. */
-int fmha_device_tensor_open(PyObject *obj, unsigned flags, const fmha_open_ctx *ctx,
-                            fmha_tensor *t)
+int fmha_device_tensor_open(PyObject *obj, const fmha_open_ctx *ctx, fmha_tensor *t)
 {
     fmha_device_tensor *dt = (fmha_device_tensor *)obj;
     if (!same_stream((uintptr_t)dt->ready_stream, (uintptr_t)ctx->stream)) {
@@ -61,7 +60,7 @@ int fmha_device_tensor_open(PyObject *obj, unsigned flags, const fmha_open_ctx *
     t->readonly = 0;
     Py_INCREF(obj);
     t->tensor_obj = obj;
-    return fmha_tensor_finish_view(t, flags);
+    return 0;
 }
 
 void fmha_tensor_mark_written(fmha_tensor *t, void *stream)

@@ -15,10 +15,9 @@ extern PyType_Spec fmha_device_tensor_spec;
 PyObject *fmha_device_tensor_new(const fmha_module_state *st, int device, void *stream,
                                  int ndim, const int64_t *shape, fmha_elem elem);
 
-/* View one of our Tensors (see fmha_tensor_open); work on another stream
- * that last wrote it is waited for first. */
-int fmha_device_tensor_open(PyObject *obj, unsigned flags, const fmha_open_ctx *ctx,
-                            fmha_tensor *t);
+/* Read one of our Tensors into t (see fmha_tensor_open); work on another
+ * stream that last wrote it is waited for first.  0 or -1. */
+int fmha_device_tensor_open(PyObject *obj, const fmha_open_ctx *ctx, fmha_tensor *t);
 
 /* After a launch on stream wrote t: when t is a fmha_native.Tensor, later
  * consumers on other streams must wait for stream. */

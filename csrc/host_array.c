@@ -108,7 +108,7 @@ static int element_strides(fmha_tensor *t, const Py_ssize_t *byte_strides)
     return 0;
 }
 
-int fmha_numpy_open(PyObject *obj, unsigned flags, fmha_tensor *t)
+int fmha_numpy_open(PyObject *obj, fmha_tensor *t)
 {
     PyArrayObject *a = (PyArrayObject *)obj;
     PyArray_Descr *descr = PyArray_DESCR(a);
@@ -127,7 +127,7 @@ int fmha_numpy_open(PyObject *obj, unsigned flags, fmha_tensor *t)
     t->data = PyArray_DATA(a);
     t->readonly = !PyArray_ISWRITEABLE(a);
     t->on_gpu = 0;
-    return fmha_tensor_finish_view(t, flags);
+    return 0;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -276,7 +276,7 @@ int fmha_buffer_open(PyObject *obj, unsigned flags, fmha_tensor *t)
     t->data = b->buf;
     t->readonly = b->readonly;
     t->on_gpu = 0;
-    return fmha_tensor_finish_view(t, flags);
+    return 0;
 }
 
 /* ------------------------------------------------------------------------ */

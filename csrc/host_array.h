@@ -16,8 +16,10 @@ int fmha_host_array_init(void);
 /* 1 when obj is a NumPy array (or a subclass of one). */
 int fmha_is_numpy_array(PyObject *obj);
 
-/* View a NumPy array / a buffer-protocol exporter (see fmha_tensor_open). */
-int fmha_numpy_open(PyObject *obj, unsigned flags, fmha_tensor *t);
+/* Read a NumPy array / a buffer-protocol exporter into t (see
+ * fmha_tensor_open); the buffer is asked for writability under
+ * FMHA_OPEN_WRITE.  0 or -1. */
+int fmha_numpy_open(PyObject *obj, fmha_tensor *t);
 int fmha_buffer_open(PyObject *obj, unsigned flags, fmha_tensor *t);
 
 /* The dtype of a NumPy array as NumPy names it ("float64", "big-endian

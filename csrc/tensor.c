@@ -3,7 +3,8 @@
  *
  * Owns the lifetime of fmha_tensor (init, close), the dispatch of
  * fmha_tensor_open to the producer that exported the object (the producers'
- * own files build the view and end in fmha_tensor_finish_view here), the
+ * own files read it into the view; the checks every view needs end the
+ * open here), the
  * naming of a view's dtype, the overlap checks of written tensors, and the
  * host copies and device staging that let the backends assume a unit
  * head_dim stride.
@@ -114,9 +115,14 @@ int fmha_tensor_raise_ndim(const fmha_tensor *t, int ndim)
     return -1;
 }
 
-/* Strides of size-1 dimensions are made canonical because they are never
- * multiplied by a non-zero index, and producers disagree about them. */
-int fmha_tensor_finish_view(fmha_tensor *t, unsigned flags)
+/*
+ * The checks every view needs once a producer has read its object: the
+ * shape, byte sizes that overflow, writes to read-only memory; strides of
+ * size-1 dimensions are made canonical (they are never multiplied by a
+ * non-zero index, and producers disagree about them), and the caller's
+ * memory is recorded.
+ */
+static int finish_view(fmha_tensor *t, unsigned flags)
 {
     int64_t numel = 1;
     for (int d = 0; d < t->ndim; d++) {
@@ -164,9 +170,9 @@ int fmha_tensor_open(PyObject *obj, unsigned flags, fmha_open_ctx *ctx, fmha_ten
     PyObject *capsule;
     int rc;
     if (PyObject_TypeCheck(obj, st->tensor_type))
-        rc = fmha_device_tensor_open(obj, flags, ctx, t);
+        rc = fmha_device_tensor_open(obj, ctx, t);
     else if (fmha_is_numpy_array(obj))
-        rc = fmha_numpy_open(obj, flags, t);
+        rc = fmha_numpy_open(obj, t);
     /* Other exporters of both protocols go through DLPack: CuPy arrays, for
      * one, claim the buffer protocol but refuse it for device memory. */
     else if (PyObject_CheckBuffer(obj) && !PyObject_HasAttr(obj, st->names[FMHA_NAME_DLPACK]))
@@ -184,6 +190,8 @@ int fmha_tensor_open(PyObject *obj, unsigned flags, fmha_open_ctx *ctx, fmha_ten
                      "torch, CuPy, JAX), got %.200s", t->name, Py_TYPE(obj)->tp_name);
         rc = -1;
     }
+    if (rc == 0)
+        rc = finish_view(t, flags);
     if (rc < 0)
         fmha_tensor_close(t);
     return rc;

@@ -165,15 +165,7 @@ void fmha_tensor_host_writeback(fmha_tensor *t);
 fmha_status fmha_tensor_stage(fmha_tensor *t, int device, void *stream, int upload);
 fmha_status fmha_tensor_download(fmha_tensor *t);
 
-/* ---- for the producer files' open functions ---- */
-
-/*
- * Shared end of every producer's open, once shape, strides, data, dtype and
- * device are set: checks the shape, makes strides of size-1 dimensions
- * canonical, rejects byte sizes that overflow and writes to read-only memory
- * under FMHA_OPEN_WRITE, and records the caller's memory.  0 or -1.
- */
-int fmha_tensor_finish_view(fmha_tensor *t, unsigned flags);
+/* ---- for the producer files, which read objects into views ---- */
 
 /* Row-major strides (in elements) of shape. */
 void fmha_compact_strides(int ndim, const int64_t *shape, int64_t *strides);
