@@ -112,6 +112,30 @@ def test_dlpack_refcounts_stable(wrapper):
     assert [sys.getrefcount(x) for x in (q, k, v, wq, wk, wv)] == before
 
 
+@pytest.mark.parametrize("wrapper", [DLPackOnly, LegacyDLPack], ids=["versioned", "legacy"])
+def test_dlpack_refused_views_release_their_capsules(wrapper):
+    """A capsule whose tensor was read and then refused (a dtype no argument takes, a
+    read-only or too-many-dimensions out) is deleted: nothing keeps its array alive."""
+    rng = np.random.default_rng(9250)
+    q, k, v = make_qkv(rng, 1, 3, 10, 2, 1, 16, "f32")
+    q64 = q.astype(np.float64)
+    read_only = np.zeros(q.shape, np.float32)
+    read_only.flags.writeable = False
+    deep = np.zeros((1,) * 9, np.float32)
+    arrays = (q64, read_only, deep)
+    gc.collect()
+    before = [sys.getrefcount(x) for x in arrays]
+    for _ in range(200):
+        with pytest.raises(TypeError, match=r"^q .*got float64$"):
+            fmha_native.forward(wrapper(q64), k, v, device="cpu")
+        with pytest.raises((ValueError, BufferError)):
+            fmha_native.forward(q, k, v, out=wrapper(read_only), device="cpu")
+        with pytest.raises(ValueError, match="dimensions"):
+            fmha_native.forward(q, k, v, out=wrapper(deep), device="cpu")
+    gc.collect()
+    assert [sys.getrefcount(x) for x in arrays] == before
+
+
 def test_ml_dtypes_bf16_round_trip():
     rng = np.random.default_rng(9300)
     q, k, v = make_qkv(rng, 2, 9, 50, 4, 1, 64, "bf16")
