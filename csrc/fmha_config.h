@@ -18,20 +18,20 @@
 /*
  * GPU tensor-core producer, one row per head_dim.  One warpgroup of 64 rows
  * per CTA, two CTAs per SM: the two CTAs drift apart, so one's softmax runs
- * while the other's tile products do (H200: d64 prefill 1.12x the 128-row,
- * two-warpgroup CTA at one per SM; benchmarks/RESULTS.md).  Up to 64 packed
- * rows (speculative decoding, chunked prefill) it also packs GQA heads.
- *   X(head_dim, block_m, block_n, warps, stages, ctas, streams)
+ * while the other's tile products do.  Up to 64 packed rows (speculative
+ * decoding, chunked prefill) it also packs GQA heads.
+ *   X(head_dim, block_m, block_n, warps, stages, ctas, walkers)
  *   head_dim  features per head (compile-time in the kernel)
- *   block_m   query rows per tile; each warp of a stream owns block_m / (warps / streams)
+ *   block_m   query rows per tile; each warp of a walker owns block_m / (warps / walkers)
  *   block_n   keys per main-loop step
  *   warps     warps per CTA
  *   stages    K/V shared-memory buffers in flight (cp.async pipeline depth)
  *   ctas      CTAs per SM the register budget is cut for (__launch_bounds__)
- *   streams   independent K/V streams per CTA, each with warps / streams warps,
- *             its own Q tile and K/V ring; the planner gives each stream its
- *             own (tile, split), or lets 2 or 4 of them share one split's key
- *             blocks and merge in shared memory (fmha_fwd_params.stream_splits)
+ *   walkers   independent walkers per CTA: groups of warps / walkers warps, each
+ *             with its own Q tile, K/V ring and key blocks; the planner gives
+ *             each walker its own (tile, split), or lets 2 or 4 of them share
+ *             one split's key blocks and merge in shared memory
+ *             (fmha_fwd_params.walkers_per_split)
  */
 #define FMHA_GPU_MMA_CONFIGS(X)    \
     X(64, 64, 128, 4, 3, 2, 1)     \
@@ -40,20 +40,20 @@
 /*
  * GPU decode tiles, for few rows per kv head (decode, speculative decoding):
  * the query heads of a kv head are packed into the rows (pack_gqa), each warp
- * is a stream with a deep cp.async ring of its own (four per SM keep HBM
+ * is a walker with a deep cp.async ring of its own (four per SM keep HBM
  * busy), and when there are few tiles the four warps of a CTA share one
  * split instead of needing four times the splits and a combine.  Same
  * fields as above.
  */
 #define FMHA_GPU_DECODE_CONFIGS(X)                                    \
-    X(64, 16, 64, FMHA_GPU_DECODE_STREAMS, 3, 1, FMHA_GPU_DECODE_STREAMS) \
-    X(128, 16, 32, FMHA_GPU_DECODE_STREAMS, 3, 1, FMHA_GPU_DECODE_STREAMS)
-/* One-warp streams per decode CTA.  AMD: a workgroup has 64 KB of LDS, one
- * stream's worth there (its ring is one stage deep: mma_amd.h). */
+    X(64, 16, 64, FMHA_GPU_DECODE_WALKERS, 3, 1, FMHA_GPU_DECODE_WALKERS) \
+    X(128, 16, 32, FMHA_GPU_DECODE_WALKERS, 3, 1, FMHA_GPU_DECODE_WALKERS)
+/* One-warp walkers per decode CTA.  AMD: a workgroup has 64 KB of LDS, one
+ * walker's worth there (its ring is one stage deep: mma_amd.h). */
 #if defined(FMHA_WITH_HIP)
-#define FMHA_GPU_DECODE_STREAMS 1
+#define FMHA_GPU_DECODE_WALKERS 1
 #else
-#define FMHA_GPU_DECODE_STREAMS 4
+#define FMHA_GPU_DECODE_WALKERS 4
 #endif
 
 /* Packed rows per kv head up to which the planner picks the decode tiles. */
@@ -64,24 +64,14 @@
 #define FMHA_CPU_BLOCK_N 64
 #define FMHA_CPU_MAX_HEAD_DIM 256
 
-/* 1: the producer and the split-K combine are launched to overlap the tail
- * of the kernel before them (programmatic dependent launch, NVIDIA sm_90+;
- * each waits for that kernel before it touches memory); 0: plain launches. */
-#define FMHA_GPU_OVERLAP_LAUNCH 1
-
 /* Splits: upper bound on any forced split count. */
 #define FMHA_MAX_SPLITS 256
 /* Upper bound on a split count the heuristic chooses (the combine folds them). */
 #define FMHA_MAX_HEURISTIC_SPLITS 128
-/* A split the heuristic makes owns at least this many key blocks (the time
- * model below already charges each split its fill and partials; H200 sweep:
- * 4 -> 1 took the geomean regret from 1.019 to 1.009). */
-#define FMHA_MIN_BLOCKS_PER_SPLIT 1
 /* How much longer a prefill CTA takes when it shares its SM with another,
  * for the heuristic's time model: 1 + this per extra resident CTA.  The pair
  * overlaps one's softmax with the other's tile products but shares the tensor
- * cores (H200 sweep: two long d128 CTAs per SM finish in ~1.4x the time of
- * one).  The decode tiles are memory-bound: 0 there. */
+ * cores.  The decode tiles are memory-bound: 0 there. */
 #define FMHA_GPU_MMA_SHARE_COST 0.4
 /* Fixed cost of one CTA (pipeline fill, epilogue) in key blocks, for the
  * heuristic's time model (benchmarks/sweep_splits.py). */
@@ -90,12 +80,11 @@
  * the unsplit plan's (the model omits the partials' traffic and the combine). */
 #define FMHA_SPLIT_MIN_GAIN 0.9
 /* Decode tiles: a plan with more splits than the best so far must model below
- * this fraction of its time to replace it.  The model counts a stream's key
- * blocks, but these tiles are bandwidth-bound once ~128 CTAs stream (H200: 132
- * instead of 128 CTAs brought no bandwidth) and each split adds partials and
- * combine work: (1,32,8,1,131072,128) ran 16 splits x 4 streams in 0.1398 ms
- * against 33 x 2 in 0.1415, modelled 1.5% apart the other way.  Prefill keeps
- * the plain minimum ((5,4,4,512,73544,64) would drop from 8 splits to a slower 3). */
+ * this fraction of its time to replace it.  The model counts a walker's key
+ * blocks, but these tiles are bandwidth-bound once enough CTAs read and each
+ * split adds partials and combine work, so a plan the model finds a little
+ * faster with more splits runs slower.  Prefill keeps the plain minimum (the
+ * tie would move some of its shapes to too few splits). */
 #define FMHA_GPU_DECODE_SPLIT_TIE 0.97
 
 /*
@@ -103,10 +92,8 @@
  * most FMHA_GPU_READ_ONCE_L2 times the L2's size, the tiles' copies ask L2 to evict
  * those lines first (fmha_fwd_params.kv_read_once), so the read leaves what else L2
  * holds in place: dirty lines of earlier kernels are not written back underneath it.
- * H200 (60 MB L2), L2 zeroed before each call: reads of 34-134 MB 5-8% faster, 201 MB
- * 1.5%, 268 MB even, 537 MB and more 4% slower (the dirty lines then stay to the end
- * and the stream runs in the rest of the L2); with a clean L2, within 1% at every size
- * (benchmarks/RESULTS.md, ninth session).
+ * Past that size the dirty lines stay to the end anyway and the read runs in the rest
+ * of the L2, so the hint would only cost (NOTES.md).
  */
 #define FMHA_GPU_READ_ONCE_L2 4
 

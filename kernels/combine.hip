@@ -67,7 +67,7 @@ template <int VEC, typename T> __device__ __forceinline__ void load_features(con
  * deterministic.
  *
  * Launched overlapped after a producer, the kernel is placed while the producer
- * drains, and its code is cold then (the K/V stream has pushed it out of L2).
+ * drains, and its code is cold then (the producer's K/V reads have pushed it out of L2).
  * With first_pass 0 it first runs the same instructions dry, on whatever the
  * partials hold, writing only to shared memory, so the instruction lines are
  * fetched before the partials are ready; then it waits for the producer and

@@ -33,7 +33,7 @@ fmha_status check_launch(const char *kernel);
 
 /* One producer launcher per FMHA_GPU_MMA_CONFIGS row, defined in fwd_d<hd>.hip,
  * and the occupancy (resident CTAs per SM) of the tiles of a GPU kernel id. */
-#define FMHA_DECLARE_LAUNCHER(hd, bm, bn, w, st, ctas, str)                     \
+#define FMHA_DECLARE_LAUNCHER(hd, bm, bn, w, st, ctas, wk)                      \
     fmha_status launch_fwd_mma_d##hd(const fmha_fwd_params &p);      \
     int occupancy_fwd_mma_d##hd(int kernel);
 FMHA_GPU_MMA_CONFIGS(FMHA_DECLARE_LAUNCHER)
@@ -44,8 +44,8 @@ FMHA_GPU_MMA_CONFIGS(FMHA_DECLARE_LAUNCHER)
  * fmha_trigger_dependents (then the launch may overlap its tail). */
 fmha_status launch_combine(const fmha_combine_params &c, bool after_producer);
 
-/* Whether launches on `device` overlap the kernel before them: FMHA_GPU_OVERLAP_LAUNCH
- * and a device with programmatic dependent launch (NVIDIA sm_90+). */
+/* Whether launches on `device` overlap the kernel before them: a device with
+ * programmatic dependent launch (NVIDIA sm_90+). */
 bool overlap_launches(int device);
 
 /* The device's multiprocessors (compute units on AMD); -1 when the runtime cannot say. */

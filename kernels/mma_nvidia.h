@@ -157,7 +157,7 @@ __device__ __forceinline__ void copy_async_16(void *dst, const void *src, bool v
  * L2 eviction priority of a copy: the cache-policy words that
  * createpolicy.fractional.L2::evict_normal / ::evict_first .b64 with fraction 1.0
  * produce, as constants (fixed words: no createpolicy in the kernel, and the kernel picks
- * one at run time).  Lines read with L2_EVICT_FIRST are the first to go, so a stream of
+ * one at run time).  Lines read with L2_EVICT_FIRST are the first to go, so a run of
  * them leaves what else the L2 holds in place.
  */
 constexpr bool HAS_L2_HINTS = true;

@@ -82,7 +82,7 @@ bool overlap_launches(int) { return false; }
 bool overlap_launches(int device)
 {
     static std::atomic<int> major[MAX_DEVICES];
-    return FMHA_GPU_OVERLAP_LAUNCH && cached_attribute(major, device, hipDeviceAttributeComputeCapabilityMajor) >= 9;
+    return cached_attribute(major, device, hipDeviceAttributeComputeCapabilityMajor) >= 9;
 }
 #endif
 
