@@ -11,7 +11,11 @@
  *
  * and ends with O / l and lse = (m + log2 l) * ln 2, written either to the
  * output (one split) or to the split scratch for combine.hip.  K and V tiles
- * stream through a cp.async ring of `stages` shared-memory buffers.
+ * pass through a cp.async ring of `stages` shared-memory buffers.
+ *
+ * A walker is a group of warps (the whole CTA, or one warp of a decode CTA)
+ * with its own Q tile, K/V ring and key blocks; walkers_per_split of them may
+ * share one split's key blocks and merge their rows in shared memory.
  */
 #ifndef FMHA_FWD_MMA_H
 #define FMHA_FWD_MMA_H
@@ -36,16 +40,16 @@ constexpr float LN2 = 0.693147180559945309f;
 constexpr int ELEMS_PER_CHUNK = 8; /* 16-byte copies of 16-bit elements */
 
 /* Compile-time tile configuration: one instantiation per row of the tables in fmha_config.h. */
-template <int HEAD_DIM, int BLOCK_M, int BLOCK_N, int WARPS, int STAGES, int CTAS, int STREAMS>
+template <int HEAD_DIM, int BLOCK_M, int BLOCK_N, int WARPS, int STAGES, int CTAS, int WALKERS>
 struct tile_config {
     static constexpr int head_dim = HEAD_DIM, block_m = BLOCK_M, block_n = BLOCK_N;
     static constexpr int warps = WARPS, stages = STAGES, ctas_per_sm = CTAS;
-    static constexpr int streams = STREAMS, stream_warps = WARPS / STREAMS;
-    static_assert(WARPS % STREAMS == 0, "every stream has the same warps");
-    static_assert(STREAMS == 1 || STREAMS == 2 || STREAMS == 4, "stream_splits divides the streams");
-    static_assert(STREAMS == 1 || WARPS == STREAMS,
-                  "a stream is the whole CTA or one warp (its barrier is __syncthreads or a warp's)");
-    static_assert(BLOCK_M % (16 * stream_warps) == 0, "each warp owns whole 16-row mma tiles");
+    static constexpr int walkers = WALKERS, walker_warps = WARPS / WALKERS;
+    static_assert(WARPS % WALKERS == 0, "every walker has the same warps");
+    static_assert(WALKERS == 1 || WALKERS == 2 || WALKERS == 4, "walkers_per_split divides the walkers");
+    static_assert(WALKERS == 1 || WARPS == WALKERS,
+                  "a walker is the whole CTA or one warp (its barrier is __syncthreads or a warp's)");
+    static_assert(BLOCK_M % (16 * walker_warps) == 0, "each warp owns whole 16-row mma tiles");
     static_assert(BLOCK_N % 16 == 0 && HEAD_DIM % 16 == 0, "tiles are whole mma k-steps");
     static_assert(STAGES >= 1, "at least one K/V stage");
 };
@@ -95,7 +99,7 @@ template <int ROWS, int HEAD_DIM> struct smem_tile {
 
 /*
  * Copy a ROWS x HEAD_DIM tile into shared memory with the THREADS threads of
- * a stream (this one is `tid`); row_ptr(r) gives the global address of row r,
+ * a walker (this one is `tid`); row_ptr(r) gives the global address of row r,
  * or nullptr for rows past the end (zero-filled, so padded keys contribute
  * P = 0 times V = 0, never garbage).
  */
@@ -151,23 +155,23 @@ __device__ __forceinline__ void load_rows(const Copy &put, const T *first_row, i
 }
 
 /*
- * The work of one stream (a CTA, or one warp of a decode CTA): which batch
- * entry, heads, rows, and key blocks.  Stream unit u runs piece u /
- * stream_splits (a tile and a split of its key blocks) and, of that split's
- * blocks, every stream_splits-th from sub = u % stream_splits on.  The splits
- * of a decode tile interleave: its key blocks go round them in groups of
- * stream_splits, one block per stream (make_work).
+ * The work of one walker: which batch entry, heads, rows, and key blocks.
+ * Walker unit u runs piece u / walkers_per_split (a tile and a split of its
+ * key blocks) and, of that split's blocks, every walkers_per_split-th from
+ * sub = u % walkers_per_split on.  The splits of a decode tile interleave: its
+ * key blocks go round them in groups of walkers_per_split, one block per
+ * walker (make_work).
  */
 struct cta_work {
     int64_t b;        /* batch entry */
     int64_t slot;     /* query head, or kv head when pack_gqa */
     int64_t group;    /* query heads per kv head */
     int64_t rows;     /* tile rows in the problem: seqlen_q, times group when packed; 0 for an
-                         idle stream (the last CTA's streams past the problem's pieces) */
+                         idle walker (the last CTA's walkers past the problem's pieces) */
     int64_t row0;     /* first row of this tile */
     int64_t len_k;    /* keys of this batch entry */
     int split;        /* which split of the key blocks */
-    int n_first, n_step, n_count; /* this stream's key blocks: n_first + j * n_step, j < n_count */
+    int n_first, n_step, n_count; /* this walker's key blocks: n_first + j * n_step, j < n_count */
 
     bool packed;      /* rows interleave the query heads of kv head `slot` */
 
@@ -191,11 +195,11 @@ struct cta_work {
     }
 };
 
-template <int BLOCK_M, int BLOCK_N, bool CAUSAL, int STREAMS>
+template <int BLOCK_M, int BLOCK_N, bool CAUSAL, int WALKERS>
 __device__ __forceinline__ cta_work make_work(const fmha_fwd_params &p, int64_t unit)
 {
-    /* A CTA of one stream never shares a split (and the compiler sees the step is 1). */
-    const int ws = STREAMS == 1 ? 1 : p.stream_splits;
+    /* A CTA of one walker never shares a split (and the compiler sees the step is 1). */
+    const int ws = WALKERS == 1 ? 1 : p.walkers_per_split;
     cta_work w;
     w.packed = p.pack_gqa != 0;
     w.group = p.heads_q / p.heads_kv;
@@ -228,11 +232,11 @@ __device__ __forceinline__ cta_work make_work(const fmha_fwd_params &p, int64_t 
     /* Decode tiles: the splits interleave.  Of the `used` splits that hold blocks (fewer
      * than num_splits when the blocks run out), split s takes groups s, s + used, ... of
      * ws blocks, so all the splits of a tile walk the keys together: one moving window of
-     * K/V in DRAM instead of one per split (0.5-2% faster on the split decode rows).
-     * Prefill tiles (one stream) keep contiguous ranges and a step the compiler sees is
-     * 1: interleaved, they were ~1% slower. */
+     * K/V in DRAM instead of one per split.  Prefill tiles (one walker) keep contiguous
+     * ranges and a step the compiler sees is 1, which saves them a run-time multiply per
+     * block. */
     int64_t first, step, end;
-    if constexpr (STREAMS > 1) {
+    if constexpr (WALKERS > 1) {
         const int64_t used = per_split > 0 ? fmha_divide(n_blocks + per_split - 1, per_split).q : 0;
         first = (int64_t)w.split * ws + sub;
         step = used * ws;
@@ -391,7 +395,7 @@ template <typename T, typename cfg, bool WGMMA> struct tile_math;
 
 template <typename T, typename cfg> struct tile_math<T, cfg, false> {
     static constexpr int HEAD_DIM = cfg::head_dim, BLOCK_N = cfg::block_n;
-    static constexpr int WARP_M = cfg::block_m / cfg::stream_warps, MT = WARP_M / MMA_M;
+    static constexpr int WARP_M = cfg::block_m / cfg::walker_warps, MT = WARP_M / MMA_M;
     static constexpr int NT = BLOCK_N / MMA_N, DT = HEAD_DIM / MMA_N;
     using q_tile = smem_tile<cfg::block_m, HEAD_DIM>;
     using kv_tile = smem_tile<BLOCK_N, HEAD_DIM>;
@@ -542,24 +546,313 @@ template <typename T, typename cfg> struct tile_math<T, cfg, true> {
 /* Whether this build target and tile config run the wgmma engine. */
 template <typename cfg> __host__ __device__ constexpr bool use_wgmma()
 {
-    return FMHA_HAS_WGMMA && cfg::stream_warps % 4 == 0 && cfg::block_m == MMA_M * cfg::stream_warps &&
+    return FMHA_HAS_WGMMA && cfg::walker_warps % 4 == 0 && cfg::block_m == MMA_M * cfg::walker_warps &&
            (cfg::head_dim == 64 || cfg::head_dim == 128) && (cfg::block_n == 64 || cfg::block_n == 128);
 }
 
-/* Shared memory of one stream: its Q tile and K/V ring (whole 1024-byte
- * swizzle atoms, so every stream's tiles stay aligned). */
-template <typename cfg> constexpr int stream_smem_bytes()
+/* Shared memory of one walker: its Q tile and K/V ring (whole 1024-byte
+ * swizzle atoms, so every walker's tiles stay aligned). */
+template <typename cfg> constexpr int walker_smem_bytes()
 {
     return smem_tile<cfg::block_m, cfg::head_dim>::BYTES +
            2 * ring_stages(cfg::stages) * smem_tile<cfg::block_n, cfg::head_dim>::BYTES;
 }
 
+/* The per-walker sizes of a tile config, as the pieces below use them. */
+template <typename cfg> struct walker_shape {
+    static constexpr int HEAD_DIM = cfg::head_dim, BLOCK_M = cfg::block_m, BLOCK_N = cfg::block_n;
+    static constexpr int STAGES = ring_stages(cfg::stages);
+    static constexpr int THREADS = cfg::walker_warps * WARP_LANES; /* of one walker */
+    static constexpr int WARP_M = BLOCK_M / cfg::walker_warps;     /* rows per warp */
+    static constexpr int MT = WARP_M / MMA_M;                      /* 16-row mma tiles per warp */
+    static constexpr int NT = BLOCK_N / MMA_N;                     /* 8-key column tiles of S */
+    static constexpr int DT = HEAD_DIM / MMA_N;                    /* 8-feature column tiles of O */
+    static constexpr int BYTES = walker_smem_bytes<cfg>();         /* shared memory per walker */
+    static constexpr bool WGMMA = use_wgmma<cfg>();
+    using q_tile = smem_tile<BLOCK_M, HEAD_DIM>;
+    using kv_tile = smem_tile<BLOCK_N, HEAD_DIM>;
+    static_assert(cfg::walkers == 1 || BYTES % 1024 == 0, "walkers' tiles stay 1024-aligned");
+};
+
 /*
- * Where the streams of one split (stream_splits of them, consecutive in the
+ * This thread's walker (a group of warps with its own Q tile, K/V ring and key
+ * blocks: the whole CTA, or one warp of a decode CTA) and its place in it.
+ * The walker index is made warp-uniform where the compiler can use it (the
+ * work and its branches are then uniform too).
+ */
+template <typename cfg> struct walker_thread {
+    using shape = walker_shape<cfg>;
+    int walker, tid, warp, lane;
+
+    __device__ __forceinline__ walker_thread()
+        : walker(cfg::walkers == 1 ? 0 : warp_uniform((int)threadIdx.x / shape::THREADS)),
+          tid(cfg::walkers == 1 ? (int)threadIdx.x : (int)threadIdx.x % shape::THREADS),
+          warp(tid / WARP_LANES), lane(tid % WARP_LANES)
+    {
+    }
+    /* The walker's barrier: its warps share the ring (a warp's own when it is one warp). */
+    static __device__ __forceinline__ void sync()
+    {
+        if constexpr (cfg::walker_warps == 1)
+            warp_sync();
+        else
+            __syncthreads();
+    }
+};
+
+/*
+ * Addressing: where the rows of a walker's piece (cta_work) are in global
+ * memory.  Q row r of the tile, the K and V of its kv head, and for result row
+ * (query i, head h) its O row (the output, or the split's fp32 scratch) and its
+ * LSE slot (nullptr when the caller asked for none).  The K/V bases are
+ * worked out when asked for, not kept: kept here, they changed what the
+ * compiler hoisted out of the main loop and cost registers.
+ */
+template <typename T, int HEAD_DIM, bool SPLIT> struct tile_addresses {
+    using out_t = std::conditional_t<SPLIT, float, T>;
+    const fmha_fwd_params &p;
+    const cta_work &w;
+    const T *q;
+
+    __device__ __forceinline__ tile_addresses(const fmha_fwd_params &p_, const cta_work &w_)
+        : p(p_), w(w_), q(static_cast<const T *>(p_.q))
+    {
+    }
+    /* Key 0 of the K and V of the piece's kv head. */
+    __device__ __forceinline__ const T *k() const
+    {
+        return static_cast<const T *>(p.k) + w.b * p.k_batch_stride + w.kv_head() * p.k_head_stride;
+    }
+    __device__ __forceinline__ const T *v() const
+    {
+        return static_cast<const T *>(p.v) + w.b * p.v_batch_stride + w.kv_head() * p.v_head_stride;
+    }
+    /* Q row r of the tile, or nullptr past the problem's rows (zero-filled). */
+    __device__ __forceinline__ const T *q_row(int r) const
+    {
+        int64_t row = w.row0 + r;
+        if (row >= w.rows)
+            return nullptr;
+        return q + w.b * p.q_batch_stride + w.query_of(row) * p.q_row_stride +
+               w.head_of(row) * p.q_head_stride;
+    }
+    __device__ __forceinline__ out_t *o_row(int64_t i, int64_t h) const
+    {
+        if constexpr (SPLIT)
+            return p.o_accum + ((((int64_t)w.split * p.batch + w.b) * p.seqlen_q + i) * p.heads_q + h) * HEAD_DIM;
+        else
+            return static_cast<T *>(p.out) + w.b * p.o_batch_stride + i * p.o_row_stride + h * p.o_head_stride;
+    }
+    __device__ __forceinline__ float *lse_slot(int64_t i, int64_t h) const
+    {
+        if constexpr (SPLIT)
+            return p.lse_accum + (((int64_t)w.split * p.batch + w.b) * p.heads_q + h) * p.seqlen_q + i;
+        else
+            return p.lse ? p.lse + w.b * p.lse_batch_stride + h * p.lse_head_stride + i * p.lse_row_stride
+                         : nullptr;
+    }
+};
+
+/* "At most N later copy groups still in flight", as an argument. */
+template <int N> using in_flight = std::integral_constant<int, N>;
+
+/*
+ * The K/V copy pipeline of one walker: a ring of STAGES shared-memory stages,
+ * one cp.async commit group per key block, block j in stage j % STAGES.
+ */
+template <typename T, typename cfg> struct kv_ring {
+    using shape = walker_shape<cfg>;
+    using kv_tile = typename shape::kv_tile;
+    static constexpr int BLOCK_N = shape::BLOCK_N, HEAD_DIM = shape::HEAD_DIM, STAGES = shape::STAGES;
+    /* A decode tile is the only reader of its K/V: the plan may have those lines leave
+     * L2 first (kv_read_once).  Prefill row tiles of a head share K/V through L2. */
+    using kv_copy = std::conditional_t<HAS_L2_HINTS && (cfg::walkers > 1), hinted_copy, plain_copy>;
+
+    const fmha_fwd_params &p;
+    const cta_work &w;
+    const T *k, *v; /* this piece's kv head */
+    T *s_k, *s_v;   /* stage 0 of the K and V rings */
+    uint64_t policy;
+    int tid;
+
+    __device__ __forceinline__ kv_ring(const fmha_fwd_params &p_, const cta_work &w_, const T *k_, const T *v_,
+                                       T *s_k_, T *s_v_, int tid_)
+        : p(p_), w(w_), k(k_), v(v_), s_k(s_k_), s_v(s_v_),
+          policy(p_.kv_read_once ? L2_EVICT_FIRST : L2_EVICT_NORMAL), tid(tid_)
+    {
+    }
+
+    /* Start the copies of key block n_block into `stage` (no commit). */
+    __device__ __forceinline__ void load(int n_block, int stage) const
+    {
+        const int64_t key0 = (int64_t)n_block * BLOCK_N;
+        load_rows<BLOCK_N, HEAD_DIM, shape::THREADS>(kv_copy(s_k + stage * kv_tile::ELEMS, policy),
+                                                     k + key0 * p.k_row_stride, p.k_row_stride, w.len_k - key0, tid);
+        load_rows<BLOCK_N, HEAD_DIM, shape::THREADS>(kv_copy(s_v + stage * kv_tile::ELEMS, policy),
+                                                     v + key0 * p.v_row_stride, p.v_row_stride, w.len_k - key0, tid);
+    }
+
+    /* Prologue: the first K/V block, then the Q tile (its row addresses take longer to
+     * work out, and DRAM should be busy meanwhile), then the next stages, one commit
+     * group each. */
+    template <typename LoadQ> __device__ __forceinline__ void fill(LoadQ load_q) const
+    {
+#pragma unroll
+        for (int s = 0; s < STAGES; s++) {
+            if (s < w.n_count)
+                load(w.block(s), s);
+            if (s == 0)
+                load_q();
+            copy_async_commit();
+        }
+    }
+
+    /* The stage about to be read has landed and every warp (and wgmma) may read it:
+     * at most N later copy groups still in flight. */
+    template <int N> __device__ __forceinline__ void wait(in_flight<N>) const
+    {
+        copy_async_wait<N>();
+        if (shape::WGMMA)
+            fence_proxy_async(); /* cp.async wrote what the async proxy reads next */
+        walker_thread<cfg>::sync();
+    }
+
+    /* Everyone is done with block j's stage: refill it with the block STAGES ahead. */
+    __device__ __forceinline__ void refill(int j, int stage) const
+    {
+        walker_thread<cfg>::sync();
+        if (j + STAGES < w.n_count)
+            load(w.block(j + STAGES), stage);
+        copy_async_commit();
+    }
+};
+
+/*
+ * The online softmax of one walker's rows: the running max and sum, and which
+ * keys each of this thread's rows may see (keys past len_k never; with CAUSAL
+ * none past the row's limit).  Blocks that end at or before free_end need no
+ * mask at all: the tile's first row sees the fewest keys.
+ */
+template <bool CAUSAL, typename cfg> struct online_softmax {
+    using shape = walker_shape<cfg>;
+    static constexpr int MT = shape::MT, NT = shape::NT;
+    softmax_state<MT> st;
+    int64_t last_key[MT][ACC_ROWS];
+    int64_t free_end, len_k;
+    float scale_log2;
+    int lane;
+
+    __device__ __forceinline__ online_softmax(const fmha_fwd_params &p, const cta_work &w,
+                                              const walker_thread<cfg> &me)
+        : len_k(w.len_k), scale_log2(p.scale_log2), lane(me.lane)
+    {
+        /* This thread's rows: tile row warp*WARP_M + mt*16 + acc_row(lane) + half*ACC_ROW_STRIDE. */
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int half = 0; half < ACC_ROWS; half++) {
+                int64_t row =
+                    w.row0 + me.warp * shape::WARP_M + mt * MMA_M + acc_row(me.lane) + half * ACC_ROW_STRIDE;
+                last_key[mt][half] = w.query_of(row < w.rows ? row : w.rows - 1) + w.len_k - p.seqlen_q;
+            }
+        const int64_t first_limit = w.query_of(w.row0) + w.len_k - p.seqlen_q;
+        free_end = CAUSAL ? (first_limit + 1 < w.len_k ? first_limit + 1 : w.len_k) : w.len_k;
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int half = 0; half < ACC_ROWS; half++) {
+                st.row_max[mt][half] = -INFINITY;
+                st.row_sum[mt][half] = 0.f;
+            }
+    }
+
+    /* Key block n_block: S -> P = exp2(S - m_new), m and l updated; `rescale` is
+     * exp2(m_old - m_new), the factor the O rows so far must take. */
+    __device__ __forceinline__ void update(float (&s)[MT][NT][4], int n_block, float (&rescale)[MT][ACC_ROWS])
+    {
+        softmax_block<CAUSAL>(s, st, rescale, scale_log2, (int64_t)n_block * shape::BLOCK_N, free_end, len_k,
+                              last_key, lane);
+    }
+};
+
+/* O = 0 for every row of this thread. */
+template <int MT, int DT> __device__ __forceinline__ void zero_rows(float (&o)[MT][DT][4])
+{
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int dt = 0; dt < DT; dt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                o[mt][dt][e] = 0.f;
+}
+
+/*
+ * The main loop: the walker's key blocks, one after the other, each through
+ * the tile products and the online softmax.
+ */
+template <typename cfg, typename Math, typename Softmax, typename Ring, typename O>
+__device__ __forceinline__ void walk_keys(O &o, Softmax &softmax, const Math &math, const Ring &ring,
+                                          const cta_work &w)
+{
+    using shape = walker_shape<cfg>;
+    for (int j = 0; j < w.n_count; j++) {
+        const int stage = j % shape::STAGES;
+        ring.wait(in_flight<shape::STAGES - 1>());
+        float s[shape::MT][shape::NT][4], rescale[shape::MT][ACC_ROWS];
+        math.scores(s, stage);                  /* S = Q K^T */
+        softmax.update(s, w.block(j), rescale); /* P = exp2(S - m_new); m, l */
+        rescale_rows(o, rescale);               /* O *= exp2(m_old - m_new) */
+        math.accumulate(o, s, stage);           /* O += P V */
+        ring.refill(j, stage);
+    }
+}
+
+/*
+ * The same loop for the asynchronous wgmma engine: issue S(j+1) = Q K(j+1)^T
+ * and O += P(j) V(j) back to back, run the softmax of block j+1 while P(j) V(j)
+ * is still on the tensor cores, then rescale O once it is done.  S(j+1) needs
+ * block j+1 one iteration early, hence at least three stages.
+ */
+template <typename cfg, typename Math, typename Softmax, typename Ring, typename O>
+__device__ __forceinline__ void walk_keys_overlapped(O &o, Softmax &softmax, const Math &math, const Ring &ring,
+                                                     const cta_work &w)
+{
+    using shape = walker_shape<cfg>;
+    constexpr int STAGES = shape::STAGES;
+    static_assert(STAGES >= 3, "S(j+1) reads block j+1 while block j is in use");
+    if (w.n_count == 0)
+        return;
+    float s[shape::MT][shape::NT][4], rescale[shape::MT][ACC_ROWS];
+    uint32_t pa[shape::BLOCK_N / MMA_K][4];
+    ring.wait(in_flight<STAGES - 1>());
+    math.scores(s, 0);                      /* S(0) = Q K(0)^T */
+    softmax.update(s, w.block(0), rescale); /* O is still zero: no rescale */
+    math.p_operands(pa, s);
+    /* Every block but the last: the wgmma groups are the same each time (no group
+     * under a condition), so ptxas can track what wait<1> retires. */
+    for (int j = 0; j + 1 < w.n_count; j++) {
+        const int stage = j % STAGES;
+        ring.wait(in_flight<STAGES - 2>());
+        math.scores_async(s, (stage + 1) % STAGES); /* S(j+1) = Q K(j+1)^T */
+        math.accumulate_async(o, pa, stage);       /* O += P(j) V(j) */
+        math.template wait<1>(s);
+        softmax.update(s, w.block(j + 1), rescale); /* while P(j) V(j) runs */
+        math.template wait<0>(o);
+        rescale_rows(o, rescale); /* O *= exp2(m_old - m_new) */
+        math.p_operands(pa, s);
+        ring.refill(j, stage);
+    }
+    math.accumulate_async(o, pa, (w.n_count - 1) % STAGES); /* O += P(last) V(last) */
+    math.template wait<0>(o);
+}
+
+/*
+ * Where the walkers of one split (walkers_per_split of them, consecutive in the
  * CTA) meet: each parks, for its BLOCK_M rows, its LSE_i (log2 units) and its
  * O_i / l_i in its own region, and the merged row is the combine's
  *   lse = top + log2 sum_i 2^(LSE_i - top),  O = sum_i 2^(LSE_i - lse) O_i,  top = max_i LSE_i
- * folded in stream order (deterministic; a stream that saw no key has
+ * folded in walker order (deterministic; a walker that saw no key has
  * LSE_i = -inf and weighs nothing; NaN stays NaN).
  */
 template <int BLOCK_M, int HEAD_DIM> struct merge_area {
@@ -567,224 +860,42 @@ template <int BLOCK_M, int HEAD_DIM> struct merge_area {
     static constexpr int BYTES = (int)sizeof(float) * BLOCK_M * (1 + STRIDE);
     static_assert(BLOCK_M % 4 == 0 && STRIDE % 4 == 0, "O rows start 16-byte aligned (the fold reads float4s)");
     float *lse, *o;
-    __device__ explicit merge_area(unsigned char *base)
+    __device__ __forceinline__ explicit merge_area(unsigned char *base)
     {
         lse = reinterpret_cast<float *>(base);
         o = lse + BLOCK_M;
     }
 };
 
-template <typename T, typename cfg, bool CAUSAL, bool SPLIT>
-__global__ void __launch_bounds__(cfg::warps * WARP_LANES, cfg::ctas_per_sm)
-fwd_mma_kernel(const fmha_fwd_params p)
+/*
+ * Epilogue: O / l and the LSE (log2 units here) of this thread's rows; rows
+ * that saw no key give 0 and -inf.  Alone, a walker writes them out (the
+ * output, or its split's partials); walkers sharing a split `park` them in
+ * their merge areas for merge_walkers.
+ */
+template <typename cfg, typename Addr, typename Softmax, typename O>
+__device__ __forceinline__ void write_rows(const O &o, const Softmax &softmax, const Addr &at, const cta_work &w,
+                                           const walker_thread<cfg> &me, bool park, unsigned char *walker_smem)
 {
-    constexpr int HEAD_DIM = cfg::head_dim;
-    constexpr int BLOCK_M = cfg::block_m, BLOCK_N = cfg::block_n, STAGES = ring_stages(cfg::stages);
-    constexpr int THREADS = cfg::stream_warps * WARP_LANES; /* of one stream */
-    constexpr int WARP_M = BLOCK_M / cfg::stream_warps;
-    constexpr int MT = WARP_M / MMA_M;   /* 16-row mma tiles per warp */
-    constexpr int NT = BLOCK_N / MMA_N;  /* 8-key column tiles of S */
-    constexpr int DT = HEAD_DIM / MMA_N; /* 8-feature column tiles of O */
-    constexpr int STREAM_BYTES = stream_smem_bytes<cfg>();
-    using q_tile = smem_tile<BLOCK_M, HEAD_DIM>;
-    using kv_tile = smem_tile<BLOCK_N, HEAD_DIM>;
-    static_assert(cfg::streams == 1 || STREAM_BYTES % 1024 == 0, "streams' tiles stay 1024-aligned");
-    static_assert(merge_area<BLOCK_M, HEAD_DIM>::BYTES <= STREAM_BYTES, "the merge fits a stream's ring");
-
-    /* Launched overlapped: nothing in memory is touched before the kernel before this one is done. */
-    fmha_wait_prior_grid();
-
-    extern __shared__ __align__(1024) unsigned char smem_raw[];
-    /* Which stream, and this thread's place in it; both known uniform where the
-     * compiler can use it (the work and its branches are then uniform too). */
-    const int stream = cfg::streams == 1 ? 0 : warp_uniform((int)threadIdx.x / THREADS);
-    const int tid = cfg::streams == 1 ? (int)threadIdx.x : (int)threadIdx.x % THREADS;
-    unsigned char *stream_smem = smem_raw + stream * STREAM_BYTES;
-    T *s_q = reinterpret_cast<T *>(stream_smem);
-    T *s_k = s_q + q_tile::ELEMS;
-    T *s_v = s_k + STAGES * kv_tile::ELEMS;
-
-    const cta_work w = make_work<BLOCK_M, BLOCK_N, CAUSAL, cfg::streams>(p, (int64_t)blockIdx.x * cfg::streams + stream);
-    const int lane = tid % WARP_LANES, warp = tid / WARP_LANES;
-    const T *q = static_cast<const T *>(p.q);
-    const T *k = static_cast<const T *>(p.k) + w.b * p.k_batch_stride + w.kv_head() * p.k_head_stride;
-    const T *v = static_cast<const T *>(p.v) + w.b * p.v_batch_stride + w.kv_head() * p.v_head_stride;
-
-    auto q_row = [&](int r) -> const T * {
-        int64_t row = w.row0 + r;
-        if (row >= w.rows)
-            return nullptr;
-        return q + w.b * p.q_batch_stride + w.query_of(row) * p.q_row_stride +
-               w.head_of(row) * p.q_head_stride;
-    };
-    /* A decode tile is the only reader of its K/V: the plan may have those lines leave
-     * L2 first (kv_read_once).  Prefill row tiles of a head share K/V through L2. */
-    using kv_copy = std::conditional_t<HAS_L2_HINTS && (cfg::streams > 1), hinted_copy, plain_copy>;
-    const uint64_t kv_policy = p.kv_read_once ? L2_EVICT_FIRST : L2_EVICT_NORMAL;
-    auto load_kv = [&](int n_block, int stage) {
-        const int64_t key0 = (int64_t)n_block * BLOCK_N;
-        load_rows<BLOCK_N, HEAD_DIM, THREADS>(kv_copy(s_k + stage * kv_tile::ELEMS, kv_policy),
-                                              k + key0 * p.k_row_stride, p.k_row_stride, w.len_k - key0, tid);
-        load_rows<BLOCK_N, HEAD_DIM, THREADS>(kv_copy(s_v + stage * kv_tile::ELEMS, kv_policy),
-                                              v + key0 * p.v_row_stride, p.v_row_stride, w.len_k - key0, tid);
-    };
-
-    /* Prologue: the first K/V block, then Q (its row addresses take longer to work out,
-     * and DRAM should be busy meanwhile), then the next stages, one commit group each. */
-#pragma unroll
-    for (int s = 0; s < STAGES; s++) {
-        if (s < w.n_count)
-            load_kv(w.block(s), s);
-        if (s == 0)
-            load_tile<BLOCK_M, HEAD_DIM, THREADS>(s_q, q, q_row, tid);
-        copy_async_commit();
-    }
-
-    /* This thread's rows: tile row warp*WARP_M + mt*16 + acc_row(lane) + half*ACC_ROW_STRIDE. */
-    int64_t key_limit[MT][ACC_ROWS]; /* last key each row may see (causal) */
+    using shape = walker_shape<cfg>;
+    constexpr int MT = shape::MT, DT = shape::DT;
+    const merge_area<shape::BLOCK_M, shape::HEAD_DIM> mine(walker_smem);
+    const int lane = me.lane;
+    if (park)
+        me.sync(); /* the walker is done with its own ring, which its merge area reuses */
 #pragma unroll
     for (int mt = 0; mt < MT; mt++)
 #pragma unroll
         for (int half = 0; half < ACC_ROWS; half++) {
-            int64_t row = w.row0 + warp * WARP_M + mt * MMA_M + acc_row(lane) + half * ACC_ROW_STRIDE;
-            key_limit[mt][half] = w.query_of(row < w.rows ? row : w.rows - 1) + w.len_k - p.seqlen_q;
-        }
-    /* Blocks ending at or before this key need no mask; the first row sees the fewest keys. */
-    const int64_t first_limit = w.query_of(w.row0) + w.len_k - p.seqlen_q;
-    const int64_t mask_free_end = CAUSAL ? (first_limit + 1 < w.len_k ? first_limit + 1 : w.len_k)
-                                         : w.len_k;
-
-    float o[MT][DT][4];
-    softmax_state<MT> st;
-#pragma unroll
-    for (int mt = 0; mt < MT; mt++) {
-#pragma unroll
-        for (int dt = 0; dt < DT; dt++)
-#pragma unroll
-            for (int e = 0; e < 4; e++)
-                o[mt][dt][e] = 0.f;
-#pragma unroll
-        for (int half = 0; half < ACC_ROWS; half++) {
-            st.row_max[mt][half] = -INFINITY;
-            st.row_sum[mt][half] = 0.f;
-        }
-    }
-
-    constexpr bool WGMMA = use_wgmma<cfg>();
-    const tile_math<T, cfg, WGMMA> math(s_q, s_k, s_v, warp, lane);
-    float rescale[MT][ACC_ROWS];
-    auto softmax = [&](float(&s)[MT][NT][4], int n) {
-        softmax_block<CAUSAL>(s, st, rescale, p.scale_log2, (int64_t)n * BLOCK_N, mask_free_end, w.len_k,
-                              key_limit, lane);
-    };
-    /* The stream's barrier: its warps share the ring (a warp's own when it is one warp). */
-    auto stream_sync = [] {
-        if constexpr (cfg::stream_warps == 1)
-            warp_sync();
-        else
-            __syncthreads();
-    };
-    /* Block j's K and V have landed and every warp (and wgmma) may read them:
-     * at most `pending` later copy groups still in flight. */
-    auto await_stage = [&](auto pending) {
-        copy_async_wait<decltype(pending)::value>();
-        if (WGMMA)
-            fence_proxy_async(); /* cp.async wrote what the async proxy reads next */
-        stream_sync();
-    };
-    /* Everyone is done with block j's stage: refill it with the block STAGES ahead. */
-    auto refill = [&](int j, int stage) {
-        stream_sync();
-        if (j + STAGES < w.n_count)
-            load_kv(w.block(j + STAGES), stage);
-        copy_async_commit();
-    };
-
-    if constexpr (WGMMA && STAGES >= 3) {
-        /*
-         * wgmma is asynchronous: issue S(j+1) = Q K(j+1)^T and O += P(j) V(j)
-         * back to back, run the softmax of block j+1 while P(j) V(j) is still
-         * on the tensor cores, then rescale O once it is done.  S(j+1) needs
-         * block j+1 one iteration early, hence at least three stages.
-         */
-        if (w.n_count > 0) {
-            float s[MT][NT][4];
-            uint32_t pa[BLOCK_N / MMA_K][4];
-            await_stage(std::integral_constant<int, STAGES - 1>());
-            math.scores(s, 0);
-            softmax(s, w.block(0)); /* O is still zero: no rescale */
-            math.p_operands(pa, s);
-            /* Every block but the last: the wgmma groups are the same each time
-             * (no group under a condition), so ptxas can track what wait<1> retires. */
-            for (int j = 0; j + 1 < w.n_count; j++) {
-                const int stage = j % STAGES;
-                await_stage(std::integral_constant<int, STAGES - 2>());
-                math.scores_async(s, (stage + 1) % STAGES); /* S(j+1) */
-                math.accumulate_async(o, pa, stage);       /* O += P(j) V(j) */
-                math.template wait<1>(s);
-                softmax(s, w.block(j + 1)); /* while P(j) V(j) runs */
-                math.template wait<0>(o);
-                rescale_rows(o, rescale);
-                math.p_operands(pa, s);
-                refill(j, stage);
-            }
-            math.accumulate_async(o, pa, (w.n_count - 1) % STAGES);
-            math.template wait<0>(o);
-        }
-    } else {
-        for (int j = 0; j < w.n_count; j++) {
-            const int stage = j % STAGES;
-            await_stage(std::integral_constant<int, STAGES - 1>());
-            float s[MT][NT][4];
-            math.scores(s, stage);  /* S = Q K^T */
-            softmax(s, w.block(j)); /* S -> P, running max and sum */
-            rescale_rows(o, rescale);
-            math.accumulate(o, s, stage); /* O += P V */
-            refill(j, stage);
-        }
-    }
-    copy_async_wait<0>();
-    /* The combine may be scheduled now (programmatic launch); it still waits for this grid. */
-    fmha_trigger_dependents();
-
-    /* Where result row (query i, head h) goes: its O row (the output, or the split's
-     * fp32 scratch) and its LSE slot (nullptr when the caller asked for none). */
-    auto o_row = [&](int64_t i, int64_t h) {
-        if constexpr (SPLIT)
-            return p.o_accum + ((((int64_t)w.split * p.batch + w.b) * p.seqlen_q + i) * p.heads_q + h) * HEAD_DIM;
-        else
-            return static_cast<T *>(p.out) + w.b * p.o_batch_stride + i * p.o_row_stride + h * p.o_head_stride;
-    };
-    auto lse_slot = [&](int64_t i, int64_t h) -> float * {
-        if constexpr (SPLIT)
-            return p.lse_accum + (((int64_t)w.split * p.batch + w.b) * p.heads_q + h) * p.seqlen_q + i;
-        else
-            return p.lse ? p.lse + w.b * p.lse_batch_stride + h * p.lse_head_stride + i * p.lse_row_stride
-                         : nullptr;
-    };
-
-    /*
-     * Epilogue: O / l and the LSE (log2 units here); rows that saw no key give
-     * 0 and -inf.  Alone, a stream writes them out; streams sharing a split
-     * park them in shared memory and merge them below.
-     */
-    const bool merge = cfg::streams > 1 && p.stream_splits > 1;
-    const merge_area<BLOCK_M, HEAD_DIM> mine(stream_smem);
-    if (merge)
-        stream_sync(); /* the stream is done with its own ring, which its merge area reuses */
-#pragma unroll
-    for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-        for (int half = 0; half < ACC_ROWS; half++) {
-            const int r = warp * WARP_M + mt * MMA_M + acc_row(lane) + half * ACC_ROW_STRIDE;
+            const int r = me.warp * shape::WARP_M + mt * MMA_M + acc_row(lane) + half * ACC_ROW_STRIDE;
             /* l >= 1 when the row saw a key (its max contributes 1), where the
              * approximate 1/l and log2 l are within an ulp or two; the decode tiles
-             * take them (they are on the path of the stream that ends a split). */
-            constexpr bool FAST = cfg::streams > 1;
-            const float l = quad_sum(st.row_sum[mt][half]);
+             * take them (they are on the path of the walker that ends a split). */
+            constexpr bool FAST = cfg::walkers > 1;
+            const float l = quad_sum(softmax.st.row_sum[mt][half]);
             const float inv = l == 0.f ? 0.f : FAST ? rcp_fast(l) : 1.f / l;
-            const float lse = l == 0.f ? -INFINITY : st.row_max[mt][half] + (FAST ? log2_fast(l) : log2f(l));
-            if (merge) {
+            const float lse = l == 0.f ? -INFINITY : softmax.st.row_max[mt][half] + (FAST ? log2_fast(l) : log2f(l));
+            if (park) {
                 if (acc_row_leader(lane))
                     mine.lse[r] = lse;
 #pragma unroll
@@ -798,45 +909,50 @@ fwd_mma_kernel(const fmha_fwd_params p)
             if (row >= w.rows)
                 continue;
             const int64_t i = w.query_of(row), h = w.head_of(row);
-            const auto dst = o_row(i, h) + acc_col(lane);
+            const auto dst = at.o_row(i, h) + acc_col(lane);
 #pragma unroll
             for (int dt = 0; dt < DT; dt++)
                 store_row(dst, dt * MMA_N, &o[mt][dt][half * ACC_COLS], inv);
-            float *slot = acc_row_leader(lane) ? lse_slot(i, h) : nullptr;
+            float *slot = acc_row_leader(lane) ? at.lse_slot(i, h) : nullptr;
             if (slot)
                 *slot = lse * LN2;
         }
-    if (!merge)
-        return;
+}
 
-    /*
-     * The streams [first, first + ws) of this split fold their rows in stream
-     * order (fold.h).  It runs once, after the slowest stream, with one warp
-     * per SM sub-partition, so it is all latency: each thread works out where
-     * its items go before the barrier (the slowest stream is still parking);
-     * an item is 4 features (one 16-byte shared read per stream), so a tile of
-     * 4 valid rows gives every warp of the CTA one (8 features: 0.3 us slower,
-     * (16,32,8,1,8192,128) on the H200), and the 1/total and log2 total are the
-     * approximate ones (total >= 1: the top stream weighs 1).
-     */
-    const int ws = p.stream_splits, first = stream - stream % ws;
-    auto part = [&](int i) { return merge_area<BLOCK_M, HEAD_DIM>(smem_raw + (first + i) * STREAM_BYTES); };
+/*
+ * The walkers [first, first + ws) of one split fold their parked rows in
+ * walker order (fold.h) and write the merged rows out.  It runs once, after
+ * the slowest walker, with one warp per SM sub-partition, so it is all
+ * latency: each thread works out where its items go before the barrier (the
+ * slowest walker is still parking); an item is 4 features (one 16-byte shared
+ * read per walker), so a tile of 4 valid rows gives every warp of the CTA
+ * one, and the 1/total and log2 total are the approximate ones (total >= 1:
+ * the top walker weighs 1).
+ */
+template <typename cfg, typename Addr>
+__device__ __forceinline__ void merge_walkers(const Addr &at, const cta_work &w, int ws, unsigned char *smem_raw,
+                                              const walker_thread<cfg> &me)
+{
+    using shape = walker_shape<cfg>;
+    constexpr int BLOCK_M = shape::BLOCK_M, HEAD_DIM = shape::HEAD_DIM, THREADS = shape::THREADS;
+    const int first = me.walker - me.walker % ws;
+    auto part = [&](int i) { return merge_area<BLOCK_M, HEAD_DIM>(smem_raw + (first + i) * shape::BYTES); };
     constexpr int VEC = 4, PER_ROW = HEAD_DIM / VEC;
     static_assert(HEAD_DIM % VEC == 0 && VEC % ACC_COLS == 0, "items are whole fragments' columns");
     /* Items of this thread: idx0 + k * ws * THREADS, at most ITEMS (ws >= 2). */
     constexpr int ITEMS = (BLOCK_M * PER_ROW + 2 * THREADS - 1) / (2 * THREADS);
-    const int idx0 = (stream - first) * THREADS + tid;
-    decltype(o_row(0, 0)) dst[ITEMS];
+    const int idx0 = (me.walker - first) * THREADS + me.tid;
+    typename Addr::out_t *dst[ITEMS];
     float *slot[ITEMS];
     int items = 0;
 #pragma unroll
     for (int k = 0; k < ITEMS; k++) {
         const int idx = idx0 + k * ws * THREADS, r = idx / PER_ROW;
         if (idx >= BLOCK_M * PER_ROW || w.row0 + r >= w.rows)
-            break; /* rows ascend with idx (an idle stream has none) */
+            break; /* rows ascend with idx (an idle walker has none) */
         const fmha_qr ih = w.place(w.row0 + r);
-        dst[k] = o_row(ih.q, ih.r);
-        slot[k] = idx % PER_ROW == 0 ? lse_slot(ih.q, ih.r) : nullptr;
+        dst[k] = at.o_row(ih.q, ih.r);
+        slot[k] = idx % PER_ROW == 0 ? at.lse_slot(ih.q, ih.r) : nullptr;
         items = k + 1;
     }
     __syncthreads();
@@ -846,12 +962,12 @@ fwd_mma_kernel(const fmha_fwd_params p)
             break;
         const int idx = idx0 + k * ws * THREADS;
         const int r = idx / PER_ROW, col = idx % PER_ROW * VEC;
-        /* Every stream's LSE and O row are read up front (unrolled to the CTA's
-         * stream count; past ws the reads repeat stream 0's and are not used),
-         * so the fold waits for shared memory once, not once per stream. */
-        float lse[cfg::streams], x[cfg::streams][VEC];
+        /* Every walker's LSE and O row are read up front (unrolled to the CTA's
+         * walker count; past ws the reads repeat walker 0's and are not used),
+         * so the fold waits for shared memory once, not once per walker. */
+        float lse[cfg::walkers], x[cfg::walkers][VEC];
 #pragma unroll
-        for (int i = 0; i < cfg::streams; i++) {
+        for (int i = 0; i < cfg::walkers; i++) {
             const merge_area<BLOCK_M, HEAD_DIM> src = part(i < ws ? i : 0);
             lse[i] = src.lse[r];
 #pragma unroll
@@ -860,14 +976,14 @@ fwd_mma_kernel(const fmha_fwd_params p)
         }
         float top = -INFINITY;
 #pragma unroll
-        for (int i = 0; i < cfg::streams; i++)
+        for (int i = 0; i < cfg::walkers; i++)
             top = i < ws ? nan_max(top, lse[i]) : top;
         float total = 0.f, acc[VEC];
 #pragma unroll
         for (int c = 0; c < VEC; c++)
             acc[c] = 0.f;
 #pragma unroll
-        for (int i = 0; i < cfg::streams; i++) {
+        for (int i = 0; i < cfg::walkers; i++) {
             if (i >= ws || top == -INFINITY)
                 continue;
             const float f = exp2_fast(lse[i] - top);
@@ -885,8 +1001,59 @@ fwd_mma_kernel(const fmha_fwd_params p)
     }
 }
 
+/*
+ * The producer: each walker of the CTA takes its piece (make_work), loads its
+ * Q tile and passes its key blocks through its K/V ring (kv_ring) into the
+ * main loop (walk_keys), then writes its rows (write_rows) or merges them
+ * with the other walkers of its split (merge_walkers).
+ */
+template <typename T, typename cfg, bool CAUSAL, bool SPLIT>
+__global__ void __launch_bounds__(cfg::warps * WARP_LANES, cfg::ctas_per_sm)
+fwd_mma_kernel(const fmha_fwd_params p)
+{
+    using shape = walker_shape<cfg>;
+    static_assert(merge_area<shape::BLOCK_M, shape::HEAD_DIM>::BYTES <= shape::BYTES,
+                  "the merge fits a walker's ring");
+
+    /* Launched overlapped: nothing in memory is touched before the kernel before this one is done. */
+    fmha_wait_prior_grid();
+
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    const walker_thread<cfg> me;
+    unsigned char *walker_smem = smem_raw + me.walker * shape::BYTES;
+    T *s_q = reinterpret_cast<T *>(walker_smem);
+    T *s_k = s_q + shape::q_tile::ELEMS;
+    T *s_v = s_k + shape::STAGES * shape::kv_tile::ELEMS;
+
+    const cta_work w = make_work<shape::BLOCK_M, shape::BLOCK_N, CAUSAL, cfg::walkers>(
+        p, (int64_t)blockIdx.x * cfg::walkers + me.walker);
+    const tile_addresses<T, shape::HEAD_DIM, SPLIT> at(p, w);
+    const kv_ring<T, cfg> ring(p, w, at.k(), at.v(), s_k, s_v, me.tid);
+    ring.fill([&] {
+        load_tile<shape::BLOCK_M, shape::HEAD_DIM, shape::THREADS>(
+            s_q, at.q, [&](int r) { return at.q_row(r); }, me.tid);
+    });
+
+    online_softmax<CAUSAL, cfg> softmax(p, w, me);
+    float o[shape::MT][shape::DT][4];
+    zero_rows(o);
+    const tile_math<T, cfg, shape::WGMMA> math(s_q, s_k, s_v, me.warp, me.lane);
+    if constexpr (shape::WGMMA && shape::STAGES >= 3)
+        walk_keys_overlapped<cfg>(o, softmax, math, ring, w);
+    else
+        walk_keys<cfg>(o, softmax, math, ring, w);
+    copy_async_wait<0>();
+    /* The combine may be scheduled now (programmatic launch); it still waits for this grid. */
+    fmha_trigger_dependents();
+
+    const bool merge = cfg::walkers > 1 && p.walkers_per_split > 1;
+    write_rows(o, softmax, at, w, me, merge, walker_smem);
+    if (merge)
+        merge_walkers(at, w, p.walkers_per_split, smem_raw, me);
+}
+
 /* Dynamic shared memory of one CTA of the kernel above. */
-template <typename cfg> constexpr int fwd_mma_smem_bytes() { return cfg::streams * stream_smem_bytes<cfg>(); }
+template <typename cfg> constexpr int fwd_mma_smem_bytes() { return cfg::walkers * walker_smem_bytes<cfg>(); }
 
 }  // namespace fmha
 

@@ -22,9 +22,9 @@ namespace fmha {
 namespace {
 
 /* The rows of the two config tables for this head_dim (exactly one each). */
-#define FMHA_PICK(hd, bm, bn, w, st, ctas, str) \
-    typename std::conditional<hd == FMHA_HEAD_DIM, tile_config<hd, bm, bn, w, st, ctas, str>,
-#define FMHA_CLOSE(hd, bm, bn, w, st, ctas, str) >::type
+#define FMHA_PICK(hd, bm, bn, w, st, ctas, wk) \
+    typename std::conditional<hd == FMHA_HEAD_DIM, tile_config<hd, bm, bn, w, st, ctas, wk>,
+#define FMHA_CLOSE(hd, bm, bn, w, st, ctas, wk) >::type
 using prefill_config = FMHA_GPU_MMA_CONFIGS(FMHA_PICK) void FMHA_GPU_MMA_CONFIGS(FMHA_CLOSE);
 using decode_config = FMHA_GPU_DECODE_CONFIGS(FMHA_PICK) void FMHA_GPU_DECODE_CONFIGS(FMHA_CLOSE);
 #undef FMHA_PICK
@@ -68,9 +68,9 @@ fmha_status launch_variant(const fmha_fwd_params &p)
     }
     int64_t rows = p.pack_gqa ? p.seqlen_q * (p.heads_q / p.heads_kv) : p.seqlen_q;
     int64_t slots = p.pack_gqa ? p.heads_kv : p.heads_q;
-    /* One stream per piece (tile, split), or stream_splits streams sharing one. */
+    /* One walker per piece (tile, split), or walkers_per_split walkers sharing one. */
     int64_t pieces = (rows + cfg::block_m - 1) / cfg::block_m * slots * p.num_splits * p.batch;
-    int64_t ctas = (pieces * p.stream_splits + cfg::streams - 1) / cfg::streams;
+    int64_t ctas = (pieces * p.walkers_per_split + cfg::walkers - 1) / cfg::walkers;
     if (ctas > INT32_MAX) {
         record_error("fwd_mma grid too large (split the batch)", hipSuccess);
         return FMHA_ERR_UNSUPPORTED;
@@ -84,8 +84,8 @@ fmha_status launch_variant(const fmha_fwd_params &p)
 
 template <typename T, typename cfg> fmha_status launch_tiles(const fmha_fwd_params &p)
 {
-    if (p.block_m != cfg::block_m || p.block_n != cfg::block_n || p.stream_splits < 1 ||
-        cfg::streams % p.stream_splits != 0)
+    if (p.block_m != cfg::block_m || p.block_n != cfg::block_n || p.walkers_per_split < 1 ||
+        cfg::walkers % p.walkers_per_split != 0)
         return FMHA_ERR_INVALID; /* the plan and the compiled tiles disagree */
     bool split = p.num_splits > 1;
     if (p.causal)
