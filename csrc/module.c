@@ -12,6 +12,7 @@
 #include <Python.h>
 
 #include "call.h"
+#include "dlpack.h"
 #include "dlpack_out.h"
 #include "explain.h"
 #include "fmha.h"
