@@ -50,7 +50,6 @@ import json
 import math
 import os
 import random
-import re
 import signal
 import statistics
 import sys
@@ -369,10 +368,10 @@ def untimed_ms(timer, fn):
 
 # ----------------------------------------------------------------------------- one shape
 
-def tiles_slots(reason):
-    """(tiles, slots) as the plan's reason states them, else (None, None)."""
-    m = re.search(r"(\d+) tiles (?:on|fill|under-fill) (\d+) slots", reason or "")
-    return (int(m.group(1)), int(m.group(2))) if m else (None, None)
+def tiles_slots(plan):
+    """(tiles, slots) from the plan's split numbers (explain()['split']), else (None, None)."""
+    split = plan.get("split") or {}
+    return split.get("tiles"), split.get("slots")
 
 
 def kernel_short(plan):
@@ -414,7 +413,7 @@ def measure_shape(fmha_native, torch, timer, s, args, device):
                reason=heur.get("reason"), pack_gqa=bool(heur.get("pack_gqa")),
                block_m=heur.get("block_m"), block_n=heur.get("block_n"),
                heuristic_splits=h_splits)
-    row["tiles"], row["slots"] = tiles_slots(heur.get("reason"))
+    row["tiles"], row["slots"] = tiles_slots(heur)
 
     # Distinct effective forced counts, and which requests map to each.
     requested = collections.OrderedDict()
