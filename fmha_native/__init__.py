@@ -338,7 +338,7 @@ def _signature(positional, keywords):
     return _Signature(params)
 
 
-# The C argument lists (csrc/module.c fwd_arg_names and combine_arg_names) and the
+# The C argument lists (forward_args and combine_args in csrc/args.c) and the
 # defaults the C side applies when a keyword is left out.
 _FORWARD_KEYWORDS = (("causal", False), ("softmax_scale", None), ("num_splits", 0),
                      ("return_lse", True), ("out", None), ("lse", None), ("device", None),
