@@ -578,16 +578,25 @@ template <typename cfg> struct walker_shape {
  * This thread's walker (a group of warps with its own Q tile, K/V ring and key
  * blocks: the whole CTA, or one warp of a decode CTA) and its place in it.
  * The walker index is made warp-uniform where the compiler can use it (the
- * work and its branches are then uniform too).
+ * work and its branches are then uniform too).  The kernel asks for walker and
+ * tid first and makes the struct after make_work, where warp and lane are
+ * first needed (worked out before it, the code took more registers).
  */
 template <typename cfg> struct walker_thread {
     using shape = walker_shape<cfg>;
     int walker, tid, warp, lane;
 
-    __device__ __forceinline__ walker_thread()
-        : walker(cfg::walkers == 1 ? 0 : warp_uniform((int)threadIdx.x / shape::THREADS)),
-          tid(cfg::walkers == 1 ? (int)threadIdx.x : (int)threadIdx.x % shape::THREADS),
-          warp(tid / WARP_LANES), lane(tid % WARP_LANES)
+    /* Which walker of the CTA this thread is in, and its thread index in that walker. */
+    static __device__ __forceinline__ int walker_of_thread()
+    {
+        return cfg::walkers == 1 ? 0 : warp_uniform((int)threadIdx.x / shape::THREADS);
+    }
+    static __device__ __forceinline__ int tid_in_walker()
+    {
+        return cfg::walkers == 1 ? (int)threadIdx.x : (int)threadIdx.x % shape::THREADS;
+    }
+    __device__ __forceinline__ walker_thread(int walker_, int tid_)
+        : walker(walker_), tid(tid_), warp(tid_ / WARP_LANES), lane(tid_ % WARP_LANES)
     {
     }
     /* The walker's barrier: its warps share the ring (a warp's own when it is one warp). */
@@ -739,12 +748,11 @@ template <bool CAUSAL, typename cfg> struct online_softmax {
     softmax_state<MT> st;
     int64_t last_key[MT][ACC_ROWS];
     int64_t free_end, len_k;
-    float scale_log2;
     int lane;
 
     __device__ __forceinline__ online_softmax(const fmha_fwd_params &p, const cta_work &w,
                                               const walker_thread<cfg> &me)
-        : len_k(w.len_k), scale_log2(p.scale_log2), lane(me.lane)
+        : len_k(w.len_k), lane(me.lane)
     {
         /* This thread's rows: tile row warp*WARP_M + mt*16 + acc_row(lane) + half*ACC_ROW_STRIDE. */
 #pragma unroll
@@ -766,9 +774,10 @@ template <bool CAUSAL, typename cfg> struct online_softmax {
             }
     }
 
-    /* Key block n_block: S -> P = exp2(S - m_new), m and l updated; `rescale` is
+    /* Key block n_block: S -> P = exp2(S * scale_log2 - m_new), m and l updated; `rescale` is
      * exp2(m_old - m_new), the factor the O rows so far must take. */
-    __device__ __forceinline__ void update(float (&s)[MT][NT][4], int n_block, float (&rescale)[MT][ACC_ROWS])
+    __device__ __forceinline__ void update(float (&s)[MT][NT][4], int n_block, float (&rescale)[MT][ACC_ROWS],
+                                           float scale_log2)
     {
         softmax_block<CAUSAL>(s, st, rescale, scale_log2, (int64_t)n_block * shape::BLOCK_N, free_end, len_k,
                               last_key, lane);
@@ -789,11 +798,12 @@ template <int MT, int DT> __device__ __forceinline__ void zero_rows(float (&o)[M
 
 /*
  * The main loop: the walker's key blocks, one after the other, each through
- * the tile products and the online softmax.
+ * the tile products and the online softmax.  p.scale_log2 is read where each
+ * block needs it (loaded once ahead of the loop, the code took more registers).
  */
 template <typename cfg, typename Math, typename Softmax, typename Ring, typename O>
 __device__ __forceinline__ void walk_keys(O &o, Softmax &softmax, const Math &math, const Ring &ring,
-                                          const cta_work &w)
+                                          const cta_work &w, const fmha_fwd_params &p)
 {
     using shape = walker_shape<cfg>;
     for (int j = 0; j < w.n_count; j++) {
@@ -801,7 +811,7 @@ __device__ __forceinline__ void walk_keys(O &o, Softmax &softmax, const Math &ma
         ring.wait(in_flight<shape::STAGES - 1>());
         float s[shape::MT][shape::NT][4], rescale[shape::MT][ACC_ROWS];
         math.scores(s, stage);                  /* S = Q K^T */
-        softmax.update(s, w.block(j), rescale); /* P = exp2(S - m_new); m, l */
+        softmax.update(s, w.block(j), rescale, p.scale_log2); /* P = exp2(S - m_new); m, l */
         rescale_rows(o, rescale);               /* O *= exp2(m_old - m_new) */
         math.accumulate(o, s, stage);           /* O += P V */
         ring.refill(j, stage);
@@ -816,7 +826,7 @@ __device__ __forceinline__ void walk_keys(O &o, Softmax &softmax, const Math &ma
  */
 template <typename cfg, typename Math, typename Softmax, typename Ring, typename O>
 __device__ __forceinline__ void walk_keys_overlapped(O &o, Softmax &softmax, const Math &math, const Ring &ring,
-                                                     const cta_work &w)
+                                                     const cta_work &w, const fmha_fwd_params &p)
 {
     using shape = walker_shape<cfg>;
     constexpr int STAGES = shape::STAGES;
@@ -827,7 +837,7 @@ __device__ __forceinline__ void walk_keys_overlapped(O &o, Softmax &softmax, con
     uint32_t pa[shape::BLOCK_N / MMA_K][4];
     ring.wait(in_flight<STAGES - 1>());
     math.scores(s, 0);                      /* S(0) = Q K(0)^T */
-    softmax.update(s, w.block(0), rescale); /* O is still zero: no rescale */
+    softmax.update(s, w.block(0), rescale, p.scale_log2); /* O is still zero: no rescale */
     math.p_operands(pa, s);
     /* Every block but the last: the wgmma groups are the same each time (no group
      * under a condition), so ptxas can track what wait<1> retires. */
@@ -837,7 +847,7 @@ __device__ __forceinline__ void walk_keys_overlapped(O &o, Softmax &softmax, con
         math.scores_async(s, (stage + 1) % STAGES); /* S(j+1) = Q K(j+1)^T */
         math.accumulate_async(o, pa, stage);       /* O += P(j) V(j) */
         math.template wait<1>(s);
-        softmax.update(s, w.block(j + 1), rescale); /* while P(j) V(j) runs */
+        softmax.update(s, w.block(j + 1), rescale, p.scale_log2); /* while P(j) V(j) runs */
         math.template wait<0>(o);
         rescale_rows(o, rescale); /* O *= exp2(m_old - m_new) */
         math.p_operands(pa, s);
@@ -1019,14 +1029,15 @@ fwd_mma_kernel(const fmha_fwd_params p)
     fmha_wait_prior_grid();
 
     extern __shared__ __align__(1024) unsigned char smem_raw[];
-    const walker_thread<cfg> me;
-    unsigned char *walker_smem = smem_raw + me.walker * shape::BYTES;
+    const int walker = walker_thread<cfg>::walker_of_thread(), tid = walker_thread<cfg>::tid_in_walker();
+    unsigned char *walker_smem = smem_raw + walker * shape::BYTES;
     T *s_q = reinterpret_cast<T *>(walker_smem);
     T *s_k = s_q + shape::q_tile::ELEMS;
     T *s_v = s_k + shape::STAGES * shape::kv_tile::ELEMS;
 
     const cta_work w = make_work<shape::BLOCK_M, shape::BLOCK_N, CAUSAL, cfg::walkers>(
-        p, (int64_t)blockIdx.x * cfg::walkers + me.walker);
+        p, (int64_t)blockIdx.x * cfg::walkers + walker);
+    const walker_thread<cfg> me(walker, tid);
     const tile_addresses<T, shape::HEAD_DIM, SPLIT> at(p, w);
     const kv_ring<T, cfg> ring(p, w, at.k(), at.v(), s_k, s_v, me.tid);
     ring.fill([&] {
@@ -1034,14 +1045,14 @@ fwd_mma_kernel(const fmha_fwd_params p)
             s_q, at.q, [&](int r) { return at.q_row(r); }, me.tid);
     });
 
-    online_softmax<CAUSAL, cfg> softmax(p, w, me);
     float o[shape::MT][shape::DT][4];
     zero_rows(o);
+    online_softmax<CAUSAL, cfg> softmax(p, w, me);
     const tile_math<T, cfg, shape::WGMMA> math(s_q, s_k, s_v, me.warp, me.lane);
     if constexpr (shape::WGMMA && shape::STAGES >= 3)
-        walk_keys_overlapped<cfg>(o, softmax, math, ring, w);
+        walk_keys_overlapped<cfg>(o, softmax, math, ring, w, p);
     else
-        walk_keys<cfg>(o, softmax, math, ring, w);
+        walk_keys<cfg>(o, softmax, math, ring, w, p);
     copy_async_wait<0>();
     /* The combine may be scheduled now (programmatic launch); it still waits for this grid. */
     fmha_trigger_dependents();
