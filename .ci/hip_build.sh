@@ -96,16 +96,21 @@ build() {
     python3 -m zipfile -e "$dir"/wheel/fmha_native-*.whl "$dir/site"
     local so
     so=$(ls "$dir"/site/_fmha_native*.so)
-    roc-obj-ls "$so" | awk '{print $2}' | sort | uniq -c
+    # Listed once into a variable: `producer | grep -q` under pipefail fails when
+    # grep stops reading early and the producer gets SIGPIPE.
+    local objs strs
+    objs=$(roc-obj-ls "$so" | awk '{print $2}')
+    strs=$(strings -a "$so")
+    sort <<<"$objs" | uniq -c
     local arch embedded=()
     for arch in ${required//;/ }; do
-        if ! roc-obj-ls "$so" | awk '{print $2}' | grep -qx "hipv4-amdgcn-amd-amdhsa--$arch"; then
+        if ! grep -qx "hipv4-amdgcn-amd-amdhsa--$arch" <<<"$objs"; then
             echo "FAIL: no $arch code object in $so ($name)"
             exit 1
         fi
     done
     for arch in ${archs//;/ }; do
-        if roc-obj-ls "$so" | awk '{print $2}' | grep -qx "hipv4-amdgcn-amd-amdhsa--$arch"; then
+        if grep -qx "hipv4-amdgcn-amd-amdhsa--$arch" <<<"$objs"; then
             echo "$arch: embedded"
             embedded+=("$arch")
         elif grep -q "cannot target $arch" "$log"; then
@@ -120,9 +125,9 @@ build() {
     local want
     want=$(IFS=';'; echo "${embedded[*]}")
     # (The compiler may keep it only inside the gate's message "AMD <list>".)
-    if ! strings -a "$so" | grep -qxE "(AMD )?$want"; then
+    if ! grep -qxE "(AMD )?$want" <<<"$strs"; then
         echo "FAIL: FMHA_HIP_ARCHS_BUILT in $so is not \"$want\" ($name):"
-        strings -a "$so" | grep -E '^(AMD )?gfx[0-9a-z;]+$' || true
+        grep -E '^(AMD )?gfx[0-9a-z;]+$' <<<"$strs" || true
         exit 1
     fi
     echo "FMHA_HIP_ARCHS_BUILT: \"$want\""
