@@ -13,6 +13,7 @@
  */
 #include "args.h"
 
+#include <limits.h>
 #include <math.h>
 #include <stddef.h>
 #include <string.h>
@@ -144,6 +145,32 @@ static int conv_stream(PyObject *obj, void *addr)
     return 1;
 }
 
+/* max_seqlen_k: an int or None (the range needs the cache's shape: validate.c). */
+static int conv_max_seqlen_k(PyObject *obj, void *addr)
+{
+    fmha_opt_int *out = addr;
+    out->given = 0;
+    if (obj == Py_None)
+        return 1;
+    if (PyBool_Check(obj) || PyFloat_Check(obj) || !PyIndex_Check(obj)) {
+        PyErr_Format(PyExc_TypeError, "max_seqlen_k must be an int or None, got %.200s",
+                     Py_TYPE(obj)->tp_name);
+        return 0;
+    }
+    PyObject *index = PyNumber_Index(obj);
+    if (!index)
+        return 0;
+    int overflow = 0;
+    long long v = PyLong_AsLongLongAndOverflow(index, &overflow);
+    Py_DECREF(index);
+    if (v == -1 && PyErr_Occurred())
+        return 0;
+    out->given = 1;
+    /* Out of range either way: validate.c names the range. */
+    out->value = overflow > 0 ? LLONG_MAX : overflow < 0 ? LLONG_MIN : v;
+    return 1;
+}
+
 /* ------------------------------------------------------------------------ */
 /* Specs                                                                     */
 /* ------------------------------------------------------------------------ */
@@ -179,6 +206,7 @@ static const fmha_arg forward_args[] = {
     FWD_ARG(CACHE_SEQLENS, conv_object, cache_seqlens),
     FWD_ARG(K_NEW, conv_object, k_new),
     FWD_ARG(V_NEW, conv_object, v_new),
+    FWD_ARG(MAX_SEQLEN_K, conv_max_seqlen_k, max_seqlen_k),
 };
 #undef FWD_ARG
 static const fmha_arg_spec forward_spec = {

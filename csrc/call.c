@@ -173,8 +173,11 @@ static void planned_layout(const fmha_tensor *t, int compact, const void **ptr, 
 /*
  * Plan for one backend on the layout the backend will get once memory is
  * placed, so that the one plan made before placement is the plan that runs
- * (and the plan explain shows).  With a KV cache the planner sees the longest
- * cache length as seqlen_k and the sum of all keys.
+ * (and the plan explain shows).  With host cache_seqlens the planner sees the
+ * longest cache length as seqlen_k and the sum of all keys.  Device lengths
+ * are never read here (no copy, no sync: a graph-captured decode replays with
+ * new lengths), so the plan is length-independent: made for max_seqlen_k
+ * keys, or the capacity, and the kernels stop at each sequence's length.
  */
 static fmha_status plan_for(const fmha_fwd_call *c, fmha_backend backend, fmha_plan *plan)
 {
@@ -184,6 +187,7 @@ static fmha_status plan_for(const fmha_fwd_call *c, fmha_backend backend, fmha_p
     target.num_threads = fmha_cpu_num_threads();
     target.device = backend == FMHA_BACKEND_GPU ? c->dev_info : NULL;
     target.gpu_compiled = fmha_gpu_compiled();
+    target.prefill = fmha_gpu_prefill_choice();
     fmha_fwd_params planned = c->p;
     fmha_fwd_params *p = &planned;
     const fmha_fwd_views *t = &c->t;
@@ -214,9 +218,13 @@ static fmha_status plan_for(const fmha_fwd_call *c, fmha_backend backend, fmha_p
     }
     /* Only its presence matters to the planner, which reads nothing behind it. */
     p->seqlens_k = t->seqlens.present ? (const int32_t *)t->seqlens.data : NULL;
-    if (p->seqlens_k) {
+    if (p->seqlens_k && c->lengths.known) {
         p->seqlen_k = c->lengths.max_seqlen;
         p->total_keys = c->lengths.total_keys;
+    } else if (p->seqlens_k) {
+        p->seqlen_k = (c->a.max_seqlen_k.given ? c->a.max_seqlen_k.value : p->seqlen_k) -
+                      p->seqlen_new;
+        p->total_keys = 0;
     }
     return fmha_plan_make(p, &target, c->a.num_splits, plan);
 }
@@ -262,6 +270,7 @@ static fmha_explain_input explain_input(const fmha_fwd_call *c, fmha_target *tar
     target->num_threads = fmha_cpu_num_threads();
     target->device = c->backend == FMHA_BACKEND_GPU ? c->dev_info : NULL;
     target->gpu_compiled = fmha_gpu_compiled();
+    target->prefill = fmha_gpu_prefill_choice();
     *gpu_target = *target;
     gpu_target->backend = FMHA_BACKEND_GPU;
     gpu_target->device = c->dev_info;
@@ -272,6 +281,8 @@ static fmha_explain_input explain_input(const fmha_fwd_call *c, fmha_target *tar
         .inputs_on_host = !c->t.q.on_gpu, .device_ordinal = c->gpu_device,
         .gpu_rejected = c->gpu_rejected ? &c->gpu_plan : NULL,
         .gpu_rejected_target = c->gpu_rejected ? gpu_target : NULL, .empty = c->empty,
+        .length_independent = c->t.seqlens.present && !c->lengths.known,
+        .planned_keys = c->a.max_seqlen_k.given ? c->a.max_seqlen_k.value : c->p.seqlen_k,
     };
     return in;
 }
@@ -281,7 +292,8 @@ static int fwd_prepare(fmha_module_state *st, fmha_fwd_call *c)
 {
     c->append = c->a.k_new != Py_None && c->a.v_new != Py_None && c->a.cache_seqlens != Py_None;
     if (fwd_open(st, c) < 0 ||
-        fmha_validate_forward(st, &c->t, c->a.device, c->append, c->ctx.stream, &c->lengths) < 0)
+        fmha_validate_forward(st, &c->t, c->a.device, c->append, c->ctx.stream,
+                              &c->a.max_seqlen_k, &c->lengths) < 0)
         return -1;
     fwd_fill_problem(c);
     return fwd_plan(st, c);

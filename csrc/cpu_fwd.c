@@ -5,6 +5,8 @@
  * the GPU: producers over key-block ranges, then a combine), fmha_cpu_combine
  * (the one implementation of the combine math, also used by fmha_cpu_fwd for
  * its splits), the run-time choice of SIMD kernels, and the KV-cache append.
+ * Lengths outside [0, capacity - seqlen_new] follow the GPU kernels' rule
+ * (DESIGN.md, errors): the append writes nothing and the rows come out NaN.
  *
  * Work decomposition.  A "unit" is one query head, or, when the heads_q /
  * heads_kv query heads of a kv head are packed, one kv head whose rows are
@@ -381,10 +383,15 @@ static size_t scratch_layout(const fwd_job *job, unsigned char *base, fwd_scratc
     return off;
 }
 
-/* Keys batch entry b attends over. */
+/* Keys batch entry b attends over, or -1 when its cache length does not fit
+ * the cache (the same rule as the GPU kernels: nothing is read or appended
+ * for it and its rows come out NaN). */
 static int64_t key_len(const fmha_fwd_params *p, int64_t b)
 {
-    return p->seqlens_k ? (int64_t)p->seqlens_k[b] + p->seqlen_new : p->seqlen_k;
+    if (!p->seqlens_k)
+        return p->seqlen_k;
+    int64_t cached = p->seqlens_k[b];
+    return cached < 0 || cached > p->seqlen_k - p->seqlen_new ? -1 : cached + p->seqlen_new;
 }
 
 /* Final state of one row (its normalised fp32 values): out/lse, or the split's fp32 partial. */
@@ -439,6 +446,18 @@ static void fwd_item(void *ctx, int64_t item, int worker)
     int64_t chunk = job->chunks - 1 - item / p->batch;
 
     int64_t len = key_len(p, b);
+    if (len < 0) {
+        int64_t r0 = chunk * job->chunk_tiles * tr;
+        int64_t rows = min64(job->chunk_tiles * tr, job->unit_rows - r0);
+        for (int64_t d = 0; d < hd; d++)
+            s.rows[d] = NAN;
+        for (int64_t row = r0; row < r0 + rows; row++) {
+            int64_t i = row / job->pack;
+            int64_t h = job->pack > 1 ? unit * job->pack + row % job->pack : unit;
+            write_row(job, s.rows, NAN, NAN, b, i, h, split);
+        }
+        return;
+    }
     int64_t nblk = ceil_div(len, bn);
     int64_t per = ceil_div(nblk, job->splits);
     int64_t kb0 = min64(split * per, nblk);
@@ -550,18 +569,14 @@ static fmha_status validate(const fmha_fwd_params *p)
         return FMHA_ERR_INVALID;
     if (p->k_new && (!p->v_new || !p->seqlens_k))
         return FMHA_ERR_INVALID;
-    for (int64_t b = 0; b < p->batch && p->seqlens_k; b++) {
-        int64_t len = key_len(p, b);
-        if (p->seqlens_k[b] < 0 || len > p->seqlen_k)
-            return FMHA_ERR_INVALID;
-    }
     int needs_kv = p->seqlen_k > 0 && p->batch > 0;
     if (needs_kv && (!p->k || !p->v))
         return FMHA_ERR_INVALID;
     return FMHA_OK;
 }
 
-/* KV append: k_new/v_new rows t go to cache rows seqlens_k[b] + t (validated to fit). */
+/* KV append: k_new/v_new rows t go to cache rows seqlens_k[b] + t, for the
+ * sequences whose rows fit (key_len). */
 static void append_kv(const fmha_fwd_params *p)
 {
     size_t es = dtype_size(p->dtype);
@@ -571,6 +586,8 @@ static void append_kv(const fmha_fwd_params *p)
     const unsigned char *kn = (const unsigned char *)p->k_new;
     const unsigned char *vn = (const unsigned char *)p->v_new;
     for (int64_t b = 0; b < p->batch; b++) {
+        if (key_len(p, b) < 0)
+            continue;
         for (int64_t t = 0; t < p->seqlen_new; t++) {
             int64_t dst_row = p->seqlens_k[b] + t;
             for (int64_t h = 0; h < p->heads_kv; h++) {

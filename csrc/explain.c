@@ -311,6 +311,14 @@ PyObject *fmha_explain_dict(const fmha_explain_input *in)
         } else {
             snprintf(reason, sizeof reason, "%s", own);
         }
+        if (in->length_independent) {
+            size_t used = strlen(reason);
+            snprintf(reason + used, sizeof reason - used, "; length-independent plan: "
+                     "cache_seqlens on the device are not read on the host, so the plan is "
+                     "made for %lld keys per sequence (%s) and the kernels stop at each "
+                     "sequence's length", (long long)in->planned_keys,
+                     in->planned_keys == p->seqlen_k ? "the cache capacity" : "max_seqlen_k");
+        }
     }
     if (fmha_dict_set(d, "backend", PyUnicode_FromString(gpu ? "gpu" : "cpu")) < 0 ||
         fmha_dict_set(d, "supported", PyBool_FromLong(in->empty || in->plan_ok)) < 0 ||
@@ -336,7 +344,8 @@ PyObject *fmha_explain_dict(const fmha_explain_input *in)
         fmha_dict_set(d, "causal", PyBool_FromLong(p->causal)) < 0 ||
         fmha_dict_set(d, "softmax_scale", PyFloat_FromDouble(p->softmax_scale)) < 0 ||
         fmha_dict_set(d, "kv_cache", PyBool_FromLong(in->kv_cache)) < 0 ||
-        fmha_dict_set(d, "seqlen_new", PyLong_FromLongLong(p->seqlen_new)) < 0)
+        fmha_dict_set(d, "seqlen_new", PyLong_FromLongLong(p->seqlen_new)) < 0 ||
+        fmha_dict_set(d, "length_independent", PyBool_FromLong(in->length_independent)) < 0)
         goto fail;
     if (gpu && t->device) {
         if (fmha_dict_set(d, "device", PyUnicode_FromString(t->device->name)) < 0 ||

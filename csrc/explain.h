@@ -29,6 +29,8 @@ typedef struct fmha_explain_input {
     const fmha_plan *gpu_rejected;  /* GPU plan the CPU replaced (device=None), or NULL */
     const fmha_target *gpu_rejected_target; /* the target of that plan, or NULL */
     int empty;                      /* batch or seqlen_q is 0: nothing runs, no plan made */
+    int length_independent;         /* device cache_seqlens: the plan never read them */
+    int64_t planned_keys;           /* ... and was made for this many keys per sequence */
 } fmha_explain_input;
 
 /* d[key] = value, dropping the reference to value (the caller's new reference);

@@ -48,6 +48,7 @@
     X(CACHE_SEQLENS, "cache_seqlens")                                                  \
     X(K_NEW, "k_new")                                                                  \
     X(V_NEW, "v_new")                                                                  \
+    X(MAX_SEQLEN_K, "max_seqlen_k")                                                    \
     X(OUTS, "outs")                                                                    \
     X(LSES, "lses")
 

@@ -5,7 +5,11 @@
  * anything runs: dtypes (named as the user knows them, with what the
  * argument expects), dimensions and shapes, one device for all, the layouts
  * device tensors must already have, written tensors that would alias
- * themselves, an input or each other, and the values of cache_seqlens.
+ * themselves, an input or each other, and the values of cache_seqlens
+ * (host arrays always; device memory only under FMHA_VALIDATE=1, because
+ * reading it costs a copy and a stream sync, which a decode step captured
+ * in a CUDA graph cannot have; the kernels' rule for bad device lengths is
+ * in DESIGN.md, errors).
  * The sequences the two entry points share are written once.  Every failure
  * is a TypeError or ValueError naming the argument; nothing is written.
  */
@@ -192,8 +196,24 @@ static int forward_dtypes(const fmha_fwd_views *t)
     return 0;
 }
 
-/* Read cache_seqlens on the host (copying device memory down) and check
- * 0 <= s and s + seqlen_new <= capacity. */
+/* FMHA_VALIDATE=1: device metadata is copied to the host and checked (with a
+ * stream sync), for debugging.  Read once per process, like the CPU's
+ * variables; the GIL guards the first read. */
+static int validate_device_metadata(void)
+{
+    static int on = -1;
+    if (on < 0) {
+        const char *env = getenv("FMHA_VALIDATE");
+        on = env && env[0] && strcmp(env, "0") != 0;
+    }
+    return on;
+}
+
+int fmha_validate_device_metadata(void) { return validate_device_metadata(); }
+
+/* Check 0 <= s and s + seqlen_new <= capacity for every cache_seqlens entry:
+ * host arrays in place, device memory copied down (only under FMHA_VALIDATE=1).
+ * Host lengths are also what the planner sizes a ragged batch by. */
 static int check_cache_seqlens(const fmha_module_state *st, const fmha_fwd_views *v,
                                int64_t seqlen_new, void *stream, fmha_cache_lengths *lengths)
 {
@@ -202,13 +222,15 @@ static int check_cache_seqlens(const fmha_module_state *st, const fmha_fwd_views
     int32_t *host = NULL;
     const char *base = t->user_data;
     int64_t stride = t->user_strides[0];
-    if (batch == 0)
+    /* The kernels read device lengths as a packed int32 array. */
+    if (t->on_gpu && batch > 1 && stride != 1) {
+        PyErr_SetString(PyExc_ValueError, "cache_seqlens on a GPU must be contiguous");
+        return -1;
+    }
+    lengths->known = !t->on_gpu;
+    if (batch == 0 || (t->on_gpu && !validate_device_metadata()))
         return 0;
     if (t->on_gpu) {
-        if (stride != 1) {
-            PyErr_SetString(PyExc_ValueError, "cache_seqlens on a GPU must be contiguous");
-            return -1;
-        }
         host = malloc((size_t)batch * sizeof *host);
         if (!host) {
             PyErr_NoMemory();
@@ -249,7 +271,7 @@ static int check_cache_seqlens(const fmha_module_state *st, const fmha_fwd_views
 
 int fmha_validate_forward(const fmha_module_state *st, fmha_fwd_views *t,
                           fmha_device_choice device, int append, void *stream,
-                          fmha_cache_lengths *lengths)
+                          const fmha_opt_int *max_seqlen_k, fmha_cache_lengths *lengths)
 {
     char shape_buf[FMHA_MSG_SHORT];
     memset(lengths, 0, sizeof *lengths);
@@ -353,6 +375,15 @@ int fmha_validate_forward(const fmha_module_state *st, fmha_fwd_views *t,
                       sizeof inputs / sizeof inputs[0], &t->k, &t->v) < 0)
         return -1;
 
+    /* A plan hint for device lengths: keys of the longest sequence, appended rows included. */
+    if (max_seqlen_k->given &&
+        (max_seqlen_k->value < (seqlen_new > 1 ? seqlen_new : 1) || max_seqlen_k->value > seqlen_k)) {
+        PyErr_Format(PyExc_ValueError, "max_seqlen_k must be in [%lld, %lld] (%s to k.shape[1], the "
+                     "cache capacity), got %lld", (long long)(seqlen_new > 1 ? seqlen_new : 1),
+                     (long long)seqlen_k, seqlen_new > 1 ? "k_new.shape[1]" : "1",
+                     max_seqlen_k->value);
+        return -1;
+    }
     if (t->seqlens.present && check_cache_seqlens(st, t, seqlen_new, stream, lengths) < 0)
         return -1;
     return 0;

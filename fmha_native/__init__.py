@@ -269,6 +269,9 @@ def forward(q, k, v, **kw):
     the caller's current stream.  With ``cache_seqlens`` (int32 [batch]) k and v are
     a KV cache of capacity seqlen_k; ``k_new`` and ``v_new`` [batch, seqlen_new,
     heads_kv, head_dim] are written into it at cache_seqlens[b] before attending.
+    Device cache_seqlens are never read on the host (no sync; a decode step can be
+    captured in a CUDA graph): the plan is made for the capacity, or for
+    ``max_seqlen_k`` (the most keys any sequence has, appended rows included).
     Forward only: torch tensors that require grad are refused under grad mode.
     """
     if _library(q) is None:
@@ -343,7 +346,7 @@ def _signature(positional, keywords):
 _FORWARD_KEYWORDS = (("causal", False), ("softmax_scale", None), ("num_splits", 0),
                      ("return_lse", True), ("out", None), ("lse", None), ("device", None),
                      ("stream", None), ("cache_seqlens", None), ("k_new", None),
-                     ("v_new", None))
+                     ("v_new", None), ("max_seqlen_k", None))
 _COMBINE_KEYWORDS = (("out", None), ("lse", None), ("stream", None))
 forward.__signature__ = _signature(("q", "k", "v"), _FORWARD_KEYWORDS)
 explain.__signature__ = _signature(("q", "k", "v"), _FORWARD_KEYWORDS)

@@ -169,7 +169,8 @@ struct cta_work {
     int64_t rows;     /* tile rows in the problem: seqlen_q, times group when packed; 0 for an
                          idle walker (the last CTA's walkers past the problem's pieces) */
     int64_t row0;     /* first row of this tile */
-    int64_t len_k;    /* keys of this batch entry */
+    int64_t len_k;    /* keys of this batch entry (0 when its device length is bad) */
+    bool bad_len;     /* cache_seqlens[b] + seqlen_new outside [0, capacity]: rows come out NaN */
     int split;        /* which split of the key blocks */
     int n_first, n_step, n_count; /* this walker's key blocks: n_first + j * n_step, j < n_count */
 
@@ -224,7 +225,16 @@ __device__ __forceinline__ cta_work make_work(const fmha_fwd_params &p, int64_t 
         w.rows = 0;
     }
     w.row0 = m_block * BLOCK_M;
-    w.len_k = !active ? 0 : p.seqlens_k ? (int64_t)p.seqlens_k[w.b] + p.seqlen_new : p.seqlen_k;
+    w.len_k = active ? p.seqlen_k : 0;
+    w.bad_len = false;
+    if (p.seqlens_k && active) {
+        /* Device lengths are not checked on the host (no sync): one out of
+         * [0, capacity - seqlen_new] reads no key and its rows become NaN
+         * (DESIGN.md, errors), so no key outside the cache is ever read. */
+        const int64_t cached = p.seqlens_k[w.b];
+        w.bad_len = cached < 0 || cached > p.seqlen_k - p.seqlen_new;
+        w.len_k = w.bad_len ? 0 : cached + p.seqlen_new;
+    }
 
     int64_t n_blocks = (w.len_k + BLOCK_N - 1) / BLOCK_N;
     int64_t per_split = p.split_blocks > 0 ? p.split_blocks
@@ -770,7 +780,8 @@ template <bool CAUSAL, typename cfg> struct online_softmax {
 #pragma unroll
             for (int half = 0; half < ACC_ROWS; half++) {
                 st.row_max[mt][half] = -INFINITY;
-                st.row_sum[mt][half] = 0.f;
+                /* A bad length walks no block: a NaN sum makes the epilogue write NaN rows and LSE. */
+                st.row_sum[mt][half] = w.bad_len ? NAN : 0.f;
             }
     }
 

@@ -17,7 +17,9 @@ constexpr int APPEND_THREADS = 256;
 /*
  * KV append: row t of k_new/v_new goes to cache row seqlens_k[b] + t.  One
  * thread copies one 16-byte chunk of one row of k or v (the planner's
- * alignment gate guarantees 16-byte rows).
+ * alignment gate guarantees 16-byte rows).  Device lengths are not checked
+ * on the host: a sequence whose rows would not fit in [0, capacity) writes
+ * nothing (the producer makes its rows NaN).
  */
 template <typename T> __global__ void __launch_bounds__(APPEND_THREADS) append_kv_kernel(const fmha_fwd_params p)
 {
@@ -31,7 +33,10 @@ template <typename T> __global__ void __launch_bounds__(APPEND_THREADS) append_k
     idx -= is_v ? total : 0;
     const int64_t c = idx % chunks, hk = idx / chunks % p.heads_kv;
     const int64_t t = idx / chunks / p.heads_kv % p.seqlen_new, b = idx / chunks / p.heads_kv / p.seqlen_new;
-    const int64_t row = (int64_t)p.seqlens_k[b] + t;
+    const int64_t cached = p.seqlens_k[b];
+    if (cached < 0 || cached > p.seqlen_k - p.seqlen_new)
+        return;
+    const int64_t row = cached + t;
     const T *src = static_cast<const T *>(is_v ? p.v_new : p.k_new) +
                    b * (is_v ? p.vnew_batch_stride : p.knew_batch_stride) +
                    t * (is_v ? p.vnew_row_stride : p.knew_row_stride) +

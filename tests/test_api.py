@@ -245,7 +245,8 @@ def test_device_gpu_without_gpu(name):
 # positional arguments.
 FORWARD_KEYWORDS = [("causal", False), ("softmax_scale", None), ("num_splits", 0),
                     ("return_lse", True), ("out", None), ("lse", None), ("device", None),
-                    ("stream", None), ("cache_seqlens", None), ("k_new", None), ("v_new", None)]
+                    ("stream", None), ("cache_seqlens", None), ("k_new", None), ("v_new", None),
+                    ("max_seqlen_k", None)]
 COMBINE_KEYWORDS = [("out", None), ("lse", None), ("stream", None)]
 
 
