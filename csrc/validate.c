@@ -209,8 +209,6 @@ static int validate_device_metadata(void)
     return on;
 }
 
-int fmha_validate_device_metadata(void) { return validate_device_metadata(); }
-
 /* Check 0 <= s and s + seqlen_new <= capacity for every cache_seqlens entry:
  * host arrays in place, device memory copied down (only under FMHA_VALIDATE=1).
  * Host lengths are also what the planner sizes a ragged batch by. */

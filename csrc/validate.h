@@ -32,10 +32,6 @@ int fmha_validate_forward(const fmha_module_state *st, fmha_fwd_views *t,
                           fmha_device_choice device, int append, void *stream,
                           const fmha_opt_int *max_seqlen_k, fmha_cache_lengths *lengths);
 
-/* FMHA_VALIDATE=1 was set when first asked (device metadata is then checked
- * on the host, with a sync). */
-int fmha_validate_device_metadata(void);
-
 /* The tensors of one combine call. */
 typedef struct fmha_combine_views {
     fmha_tensor outs, lses, out, lse;
