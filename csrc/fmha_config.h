@@ -13,7 +13,10 @@
 #define FMHA_KERNEL_CPU_TILED 0   /* CPU: block_m x block_n tiles, online softmax */
 #define FMHA_KERNEL_GPU_MMA 1     /* GPU: tensor-core tiles (wgmma / mma.sync / MFMA) */
 #define FMHA_KERNEL_GPU_DECODE 2  /* GPU: same kernel, few packed rows, deep K/V ring */
-#define FMHA_GPU_KERNELS 2        /* GPU kernel ids are 1..FMHA_GPU_KERNELS */
+#define FMHA_KERNEL_GPU_SM90 3    /* GPU: warp-specialized Hopper prefill (kernels/fwd_sm90.h) */
+/* Ids 1..FMHA_GPU_KERNELS are the tensor-core producer's tile tables, whose
+ * occupancy the runtime measures (fmha_device_info.ctas_per_sm). */
+#define FMHA_GPU_KERNELS 2
 
 /*
  * GPU tensor-core producer, one row per head_dim.  One warpgroup of 64 rows
@@ -48,6 +51,34 @@
 #define FMHA_GPU_DECODE_CONFIGS(X)                                    \
     X(64, 16, 64, FMHA_GPU_DECODE_WALKERS, 3, 1, FMHA_GPU_DECODE_WALKERS) \
     X(128, 16, 32, FMHA_GPU_DECODE_WALKERS, 3, 1, FMHA_GPU_DECODE_WALKERS)
+/*
+ * Hopper (sm_90a) warp-specialized prefill, one row per head_dim, same fields:
+ * one producer warpgroup (TMA loads) and two consumer warpgroups of 64 rows
+ * (12 warps), `stages` K and V buffers, one CTA per SM (it holds most of the
+ * shared memory and registers).  kernels/fwd_sm90.h checks its compile-time
+ * constants against these rows.  The planner picks it for prefill on cc 9.x
+ * when the build has sm_90a code (plan.c says when else).
+ */
+#define FMHA_GPU_SM90_CONFIGS(X)   \
+    X(64, 128, 128, 12, 3, 1, 1)   \
+    X(128, 128, 128, 12, 2, 1, 1)
+
+/*
+ * How the two consumer warpgroups of the sm90 kernel share the tensor cores
+ * (fmha_fwd_params.schedule): INTERLEAVED, each issues its products as soon as
+ * its operands are there; PINGPONG, they take turns, so one's softmax runs
+ * under the other's products.  Ping-pong pays when the products are long
+ * enough to hide a softmax (head_dim >= FMHA_SM90_PINGPONG_MIN_HEAD_DIM) and
+ * the tiles walk enough key blocks that the turn hand-offs at a tile's start
+ * and end are a small part of it (on average at least
+ * FMHA_SM90_PINGPONG_MIN_BLOCKS; causal tiles walk about half the keys);
+ * otherwise interleaved is faster.  The rule is plan.c's sm90_schedule().
+ */
+#define FMHA_SM90_INTERLEAVED 0
+#define FMHA_SM90_PINGPONG 1
+#define FMHA_SM90_PINGPONG_MIN_HEAD_DIM 128
+#define FMHA_SM90_PINGPONG_MIN_BLOCKS 16
+
 /* One-warp walkers per decode CTA.  AMD: a workgroup has 64 KB of LDS, one
  * walker's worth there (its ring is one stage deep: mma_amd.h). */
 #if defined(FMHA_WITH_HIP)

@@ -39,6 +39,7 @@
 #include "mma_nvidia.h"
 #include "mma_sm90.h"
 
+#include <atomic>
 #include <math.h>
 
 namespace fmha {
@@ -81,6 +82,17 @@ template <int HEAD_DIM> struct smem_plan {
     static_assert(HEAD_DIM % PANEL_COLS == 0, "whole panels");
     static_assert(bytes <= 227 * 1024, "fits one SM's shared memory");
 };
+
+/* The planner sizes tiles and splits from fmha_config.h's rows: they must be these constants
+ * (one CTA per SM: __launch_bounds__(THREADS, 1) below; one walker, no split partials). */
+#define FMHA_SM90_CHECK_ROW(hd, bm, bn, w, st, ctas, wk)                                             \
+    static_assert(bm == BLOCK_M && bn == BLOCK_N && (w) * WARP_LANES == THREADS &&                   \
+                      st == smem_plan<hd>::stages && ctas == 1 && wk == 1,                           \
+                  "FMHA_GPU_SM90_CONFIGS row for head_dim " #hd " matches the sm90 kernel");
+FMHA_GPU_SM90_CONFIGS(FMHA_SM90_CHECK_ROW)
+#undef FMHA_SM90_CHECK_ROW
+static_assert(INTERLEAVED == FMHA_SM90_INTERLEAVED && PINGPONG == FMHA_SM90_PINGPONG,
+              "fmha_fwd_params.schedule names these schedules");
 
 /* The CTA's mbarriers. */
 template <int STAGES> struct barriers {
@@ -484,9 +496,17 @@ template <typename T, int HEAD_DIM, bool CAUSAL, int SCHEDULE>
 inline cudaError_t launch_instance(const tensor_maps &maps, const fmha_fwd_params &p, dim3 grid)
 {
     auto kernel = fwd_sm90_kernel<T, HEAD_DIM, CAUSAL, SCHEDULE>;
-    cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes<HEAD_DIM>());
-    if (err != cudaSuccess)
-        return err;
+    /* The shared-memory limit is an attribute per device: set it once on each (a bit per
+     * ordinal; past 64 devices on every call). */
+    static std::atomic<uint64_t> smem_allowed{0};
+    const uint64_t bit = p.device >= 0 && p.device < 64 ? 1ull << p.device : 0;
+    if (!bit || !(smem_allowed.load(std::memory_order_acquire) & bit)) {
+        cudaError_t err =
+            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes<HEAD_DIM>());
+        if (err != cudaSuccess)
+            return err;
+        smem_allowed.fetch_or(bit, std::memory_order_release);
+    }
     kernel<<<grid, THREADS, smem_bytes<HEAD_DIM>(), (cudaStream_t)p.stream>>>(maps, p);
     return cudaGetLastError();
 }
@@ -501,7 +521,8 @@ inline cudaError_t launch_instance(const tensor_maps &maps, const fmha_fwd_param
  * sizes past the grid's limits, or addresses and strides that are not
  * 16-byte multiples (TMA's rule); FMHA_ERR_RUNTIME with *error set when
  * CUDA fails.  `sched` picks how the consumers share the tensor cores
- * (sm90::schedule).  Encodes its tensor maps on every call.
+ * (sm90::schedule).  Its tensor maps come from the calling thread's cache
+ * (fmha_rows_map), encoded only on a miss.
  */
 inline fmha_status fmha_sm90_prefill_launch(const fmha_fwd_params &p, cudaError_t *error = nullptr,
                                             int sched = sm90::INTERLEAVED)
@@ -548,14 +569,14 @@ inline fmha_status fmha_sm90_prefill_launch(const fmha_fwd_params &p, cudaError_
     /* With no keys no K/V tile is loaded; the maps still need a row. */
     const int64_t kv_rows = p.seqlen_k > 0 ? p.seqlen_k : 1;
     tensor_maps maps;
-    if (!fmha_make_rows_map(&maps.q, p.q, bf16, p.batch, p.seqlen_q, p.heads_q, p.head_dim, p.q_batch_stride,
-                            p.q_row_stride, p.q_head_stride, BLOCK_M) ||
-        !fmha_make_rows_map(&maps.k, p.k, bf16, p.batch, kv_rows, p.heads_kv, p.head_dim, p.k_batch_stride,
-                            p.k_row_stride, p.k_head_stride, BLOCK_N) ||
-        !fmha_make_rows_map(&maps.v, p.v, bf16, p.batch, kv_rows, p.heads_kv, p.head_dim, p.v_batch_stride,
-                            p.v_row_stride, p.v_head_stride, BLOCK_N) ||
-        !fmha_make_rows_map(&maps.o, p.out, bf16, p.batch, p.seqlen_q, p.heads_q, p.head_dim, p.o_batch_stride,
-                            p.o_row_stride, p.o_head_stride, WGMMA_M))
+    if (!fmha_rows_map(&maps.q, p.q, bf16, p.batch, p.seqlen_q, p.heads_q, p.head_dim, p.q_batch_stride,
+                       p.q_row_stride, p.q_head_stride, BLOCK_M) ||
+        !fmha_rows_map(&maps.k, p.k, bf16, p.batch, kv_rows, p.heads_kv, p.head_dim, p.k_batch_stride,
+                       p.k_row_stride, p.k_head_stride, BLOCK_N) ||
+        !fmha_rows_map(&maps.v, p.v, bf16, p.batch, kv_rows, p.heads_kv, p.head_dim, p.v_batch_stride,
+                       p.v_row_stride, p.v_head_stride, BLOCK_N) ||
+        !fmha_rows_map(&maps.o, p.out, bf16, p.batch, p.seqlen_q, p.heads_q, p.head_dim, p.o_batch_stride,
+                       p.o_row_stride, p.o_head_stride, WGMMA_M))
         return FMHA_ERR_UNSUPPORTED;
 
     const dim3 grid((unsigned)((p.seqlen_q + BLOCK_M - 1) / BLOCK_M), (unsigned)p.heads_q, (unsigned)p.batch);

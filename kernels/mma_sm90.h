@@ -14,7 +14,7 @@
  * Also here, for the warp-specialized kernel (fwd_sm90.h): mbarriers, TMA
  * tensor loads and stores, named barriers, setmaxnreg, and the host-side
  * tensor-map encoder (fetched from the driver through the runtime, so no
- * driver library is linked).
+ * driver library is linked) with a per-thread cache of the maps it made.
  */
 #ifndef FMHA_MMA_SM90_H
 #define FMHA_MMA_SM90_H
@@ -351,6 +351,60 @@ inline bool fmha_make_rows_map(CUtensorMap *map, const void *data, bool bf16, in
                   const_cast<void *>(data), dims, byte_strides, box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE,
                   CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                   CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+/* Everything a rows map's encoding depends on. */
+struct fmha_rows_map_key {
+    const void *data;
+    int64_t batch, rows, heads, head_dim, batch_stride, row_stride, head_stride;
+    int box_rows;
+    bool bf16;
+    bool operator==(const fmha_rows_map_key &o) const
+    {
+        return data == o.data && batch == o.batch && rows == o.rows && heads == o.heads && head_dim == o.head_dim &&
+               batch_stride == o.batch_stride && row_stride == o.row_stride && head_stride == o.head_stride &&
+               box_rows == o.box_rows && bf16 == o.bf16;
+    }
+};
+
+/*
+ * fmha_make_rows_map through a small table per thread (no lock): the map is
+ * a pure function of its arguments, so a launch that names the tensors of an
+ * earlier one copies those maps instead of encoding them again.  The table
+ * holds a few calls' maps; the least recently used one gives way.  A map
+ * the driver refuses is not kept.
+ */
+inline bool fmha_rows_map(CUtensorMap *map, const void *data, bool bf16, int64_t batch, int64_t rows, int64_t heads,
+                          int64_t head_dim, int64_t batch_stride, int64_t row_stride, int64_t head_stride, int box_rows)
+{
+    constexpr int SLOTS = 16;
+    struct slot {
+        CUtensorMap map;
+        fmha_rows_map_key key;
+        uint64_t used; /* 0: empty */
+    };
+    thread_local slot table[SLOTS] = {};
+    thread_local uint64_t clock = 0;
+    const fmha_rows_map_key key = {data,         batch,      rows,        heads,    head_dim,
+                                   batch_stride, row_stride, head_stride, box_rows, bf16};
+    slot *oldest = &table[0];
+    ++clock;
+    for (slot &s : table) {
+        if (s.used && s.key == key) {
+            s.used = clock;
+            *map = s.map;
+            return true;
+        }
+        if (s.used < oldest->used)
+            oldest = &s;
+    }
+    if (!fmha_make_rows_map(map, data, bf16, batch, rows, heads, head_dim, batch_stride, row_stride, head_stride,
+                            box_rows))
+        return false;
+    oldest->map = *map;
+    oldest->key = key;
+    oldest->used = clock;
+    return true;
 }
 #endif /* !FMHA_DEVICE_IS_AMD */
 
