@@ -236,6 +236,9 @@ class FmhaBuildExt(build_ext):
         ext.extra_objects += self._compile_kernels([nvcc, "-x", "cu"] + common, build_dir,
                                                    check=ptxas_check)
         ext.define_macros.append(("FMHA_WITH_CUDA", "1"))
+        # The planner takes the sm_90a kernel only when its code is in the module.
+        built = ";".join(a.strip() for a in archs if a.strip())
+        ext.define_macros.append(("FMHA_CUDA_ARCHS_BUILT", f'"{built}"'))
         ext.include_dirs.append(os.path.join(cuda_home, "include"))
         libdir = os.path.join(cuda_home, "lib64")
         if not os.path.isdir(libdir):

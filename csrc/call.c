@@ -187,6 +187,7 @@ static fmha_status plan_for(const fmha_fwd_call *c, fmha_backend backend, fmha_p
     target.num_threads = fmha_cpu_num_threads();
     target.device = backend == FMHA_BACKEND_GPU ? c->dev_info : NULL;
     target.gpu_compiled = fmha_gpu_compiled();
+    target.prefill = fmha_gpu_prefill_choice();
     fmha_fwd_params planned = c->p;
     fmha_fwd_params *p = &planned;
     const fmha_fwd_views *t = &c->t;
@@ -269,6 +270,7 @@ static fmha_explain_input explain_input(const fmha_fwd_call *c, fmha_target *tar
     target->num_threads = fmha_cpu_num_threads();
     target->device = c->backend == FMHA_BACKEND_GPU ? c->dev_info : NULL;
     target->gpu_compiled = fmha_gpu_compiled();
+    target->prefill = fmha_gpu_prefill_choice();
     *gpu_target = *target;
     gpu_target->backend = FMHA_BACKEND_GPU;
     gpu_target->device = c->dev_info;

@@ -185,13 +185,18 @@ fail:
     return NULL;
 }
 
-/* The kernel's name, e.g. "fwd_decode<bfloat16,d128,pack_gqa>+merge+combine"; "" unsupported. */
+/* The kernel's name, e.g. "fwd_decode<bfloat16,d128,pack_gqa>+merge+combine" or
+ * "fwd_sm90<bfloat16,d128,causal,pingpong>"; "" unsupported. */
 static void kernel_name(const fmha_fwd_params *p, const fmha_plan *plan, char *buf, size_t len)
 {
     if (!plan->supported)
         snprintf(buf, len, "%s", "");
     else if (plan->backend == FMHA_BACKEND_CPU)
         snprintf(buf, len, "cpu_tiled<%s,%s>", dtype_name(p->dtype), fmha_cpu_simd_name());
+    else if (plan->kernel_id == FMHA_KERNEL_GPU_SM90)
+        snprintf(buf, len, "fwd_sm90<%s,d%lld%s,%s>", dtype_name(p->dtype), (long long)p->head_dim,
+                 p->causal ? ",causal" : "",
+                 plan->schedule == FMHA_SM90_PINGPONG ? "pingpong" : "interleaved");
     else
         snprintf(buf, len, "fwd_%s<%s,d%lld%s%s>%s%s",
                  plan->kernel_id == FMHA_KERNEL_GPU_DECODE ? "decode" : "mma", dtype_name(p->dtype),
@@ -253,23 +258,80 @@ static PyObject *split_dict(const fmha_plan *plan)
     return d;
 }
 
-/* Why this kernel, tiles and split count (or what the problem needs that is missing). */
-static void plan_reason(const fmha_plan *plan, const fmha_target *t, char *buf, size_t len)
+/* Why the tensor-core prefill tiles run instead of the sm90 kernel, as " (...)";
+ * "" where the sm90 kernel is not in question (decode, not a Hopper GPU). */
+static void sm90_not_used(const fmha_fwd_params *p, const fmha_plan *plan, const fmha_target *t,
+                          char *buf, size_t len)
 {
-    char why[320];
+    char why[160];
+    switch (plan->sm90_why) {
+    case FMHA_SM90_NOT_BUILT:
+        snprintf(why, sizeof why, "this build has no sm_90a code (FMHA_CUDA_ARCHS=\"%s\")",
+                 fmha_plan_cuda_archs(t));
+        break;
+    case FMHA_SM90_ASKED_MMA:
+        snprintf(why, sizeof why, "FMHA_GPU_PREFILL_KERNEL=mma");
+        break;
+    case FMHA_SM90_HEAD_DIM:
+        snprintf(why, sizeof why, "it has no head_dim %lld tiles", (long long)p->head_dim);
+        break;
+    case FMHA_SM90_KV_CACHE:
+        snprintf(why, sizeof why, "it does not read KV caches");
+        break;
+    case FMHA_SM90_FORCED_SPLITS:
+        snprintf(why, sizeof why, "it writes no split partials for the forced num_splits");
+        break;
+    case FMHA_SM90_UNALIGNED:
+        snprintf(why, sizeof why, "its TMA loads need q/k/v/out addresses and strides in 16-byte "
+                 "multiples");
+        break;
+    case FMHA_SM90_SCALE:
+        snprintf(why, sizeof why, "it needs a positive finite softmax_scale");
+        break;
+    case FMHA_SM90_GRID:
+        snprintf(why, sizeof why, "batch and heads_q must be at most 65535 on its grid");
+        break;
+    case FMHA_SM90_PACKED:
+        snprintf(why, sizeof why, "the query heads of a kv head fit one tile here, so K/V are read "
+                 "once for all of them");
+        break;
+    case FMHA_SM90_SPLITS:
+        snprintf(why, sizeof why, "on its tiles, one CTA per SM, the split rule splits the keys, "
+                 "which it cannot");
+        break;
+    default:
+        buf[0] = '\0';
+        return;
+    }
+    snprintf(buf, len, " (not fwd_sm90: %s)", why);
+}
+
+/* Why this kernel, tiles and split count (or what the problem needs that is missing). */
+static void plan_reason(const fmha_fwd_params *p, const fmha_plan *plan, const fmha_target *t,
+                        char *buf, size_t len)
+{
+    char why[320], not_sm90[224];
     if (!plan->supported) {
         requirements(plan, t, buf, len);
         return;
     }
     split_text(plan, why, sizeof why);
-    if (plan->backend == FMHA_BACKEND_CPU)
+    if (plan->backend == FMHA_BACKEND_CPU) {
         snprintf(buf, len, "CPU: %dx%d tiles on %lld threads; %s", plan->block_m, plan->block_n,
                  (long long)plan->split.units, why);
-    else
-        snprintf(buf, len, "%s tensor-core tiles %dx%d%s; %s%s",
+    } else if (plan->kernel_id == FMHA_KERNEL_GPU_SM90) {
+        snprintf(buf, len, "Hopper prefill%s: warp-specialized TMA + wgmma tiles %dx%d (a producer "
+                 "warp, two consumer warp groups %s), one CTA per SM; %s",
+                 t->prefill == FMHA_PREFILL_SM90 ? " (FMHA_GPU_PREFILL_KERNEL=sm90)" : "",
+                 plan->block_m, plan->block_n,
+                 plan->schedule == FMHA_SM90_PINGPONG ? "in ping-pong" : "interleaved", why);
+    } else {
+        sm90_not_used(p, plan, t, not_sm90, sizeof not_sm90);
+        snprintf(buf, len, "%s tensor-core tiles %dx%d%s%s; %s%s",
                  plan->kernel_id == FMHA_KERNEL_GPU_DECODE ? "decode (few rows per kv head)" : "prefill",
                  plan->block_m, plan->block_n, plan->pack_gqa ? ", query heads of a kv head packed" : "",
-                 why, plan->kv_read_once ? "; K/V small next to L2: read with evict-first" : "");
+                 not_sm90, why, plan->kv_read_once ? "; K/V small next to L2: read with evict-first" : "");
+    }
 }
 
 PyObject *fmha_explain_raise_unsupported(const fmha_explain_input *in)
@@ -303,9 +365,9 @@ PyObject *fmha_explain_dict(const fmha_explain_input *in)
         snprintf(reason, sizeof reason, "empty problem (batch or seqlen_q is 0): nothing runs");
     } else {
         kernel_name(p, plan, kernel, sizeof kernel);
-        plan_reason(plan, t, own, sizeof own);
+        plan_reason(p, plan, t, own, sizeof own);
         if (in->gpu_rejected) {
-            plan_reason(in->gpu_rejected, in->gpu_rejected_target, rejected, sizeof rejected);
+            plan_reason(p, in->gpu_rejected, in->gpu_rejected_target, rejected, sizeof rejected);
             snprintf(reason, sizeof reason, "the GPU gate is not met (%s); running on the CPU: %s",
                      rejected, own);
         } else {
@@ -487,15 +549,24 @@ static int dtype_from_name(const char *name, fmha_dtype *dt)
 PyObject *fmha_explain_plan_for_device(PyObject *module, PyObject *args, PyObject *kwargs)
 {
     (void)module;
-    static char *kwlist[] = {"problem", "device", "num_splits", NULL};
+    static char *kwlist[] = {"problem", "device", "num_splits", "prefill_kernel", NULL};
     PyObject *prob, *dev;
     int num_splits = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!O!|i:_plan_for_device", kwlist, &PyDict_Type,
-                                     &prob, &PyDict_Type, &dev, &num_splits))
+    const char *prefill = "auto";
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!O!|is:_plan_for_device", kwlist, &PyDict_Type,
+                                     &prob, &PyDict_Type, &dev, &num_splits, &prefill))
         return NULL;
     if (num_splits < 0 || num_splits > FMHA_MAX_SPLITS)
         return PyErr_Format(PyExc_ValueError, "num_splits must be in 0..%d, got %d",
                             FMHA_MAX_SPLITS, num_splits);
+    fmha_prefill_choice choice = FMHA_PREFILL_AUTO;
+    if (strcmp(prefill, "mma") == 0)
+        choice = FMHA_PREFILL_MMA;
+    else if (strcmp(prefill, "sm90") == 0)
+        choice = FMHA_PREFILL_SM90;
+    else if (strcmp(prefill, "auto") != 0)
+        return PyErr_Format(PyExc_ValueError, "prefill_kernel must be 'auto', 'mma' or 'sm90', "
+                            "got '%s'", prefill);
 
     const int64_t big = (int64_t)1 << 40;
     fmha_fwd_params p;
@@ -585,7 +656,9 @@ PyObject *fmha_explain_plan_for_device(PyObject *module, PyObject *args, PyObjec
     target.backend = FMHA_BACKEND_GPU;
     target.device = &info;
     target.gpu_compiled = 1;
-    target.hip_archs_built = archs_given ? archs : NULL;
+    target.hip_archs_built = archs_given && is_amd ? archs : NULL;
+    target.cuda_archs_built = archs_given && !is_amd ? archs : NULL;
+    target.prefill = choice;
     fmha_plan plan;
     fmha_status status = fmha_plan_make(&p, &target, num_splits, &plan);
     fmha_explain_input in = {

@@ -45,16 +45,20 @@ PyObject *fmha_explain_dict(const fmha_explain_input *in);
 PyObject *fmha_explain_raise_unsupported(const fmha_explain_input *in);
 
 /*
- * _fmha_native._plan_for_device(problem: dict, device: dict, num_splits=0) -> dict
+ * _fmha_native._plan_for_device(problem: dict, device: dict, num_splits=0,
+ *                               prefill_kernel="auto") -> dict
  * Plans a problem for a described GPU as if its kernels were compiled in and
  * returns the explain() dict.  Private: for tests of the planner without a GPU.
  * problem: batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, dtype
- * ("float16", "bfloat16", "float32"), causal, and for a KV cache cache_seqlens
- * (list of ints) and seqlen_new.
+ * ("float16", "bfloat16", "float32"), causal, misaligned (q starts off a
+ * 16-byte boundary), and for a KV cache cache_seqlens (list of ints) and
+ * seqlen_new.
  * device: name, arch, cc (major, minor), is_amd, sm_count, warp_size,
  * l2_bytes, max_smem_per_block, max_smem_per_sm, ctas_per_sm
- * ({"prefill"|"decode": [per tile-table row]}), archs_built (AMD: list of
- * gcnArchName prefixes the kernels were built for; default this build's).
+ * ({"prefill"|"decode": [per tile-table row]}), archs_built (the archs the
+ * kernels were built for, default this build's: AMD, gcnArchName prefixes;
+ * NVIDIA, FMHA_CUDA_ARCHS entries such as "80", "90a").
+ * prefill_kernel: what FMHA_GPU_PREFILL_KERNEL would say ("auto", "mma", "sm90").
  */
 PyObject *fmha_explain_plan_for_device(PyObject *module, PyObject *args, PyObject *kwargs);
 

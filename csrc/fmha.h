@@ -109,6 +109,8 @@ typedef struct fmha_fwd_params {
                                merge in shared memory; 1, 2 or 4 (CPU: 1) */
     int kv_read_once;       /* GPU decode tiles: ask L2 to evict the K/V lines they read first
                                (plan.c says when); 0 = the cache's own replacement */
+    int schedule;           /* GPU sm90 kernel: FMHA_SM90_INTERLEAVED or FMHA_SM90_PINGPONG
+                               (fmha_config.h) */
 
     /* ---- split scratch (backend-owned, used when num_splits >= 2) ----
      * o_accum   [num_splits, batch, seqlen_q, heads_q, head_dim] fp32, contiguous
@@ -202,6 +204,26 @@ typedef enum fmha_split_rule {
     FMHA_SPLITS_RAGGED = 2,    /* per-entry key lengths: equal chunks of `chunk` key blocks */
 } fmha_split_rule;
 
+/*
+ * Why the GPU plan runs, or does not run, the sm90 prefill kernel
+ * (FMHA_KERNEL_GPU_SM90), in the order plan.c checks.
+ */
+typedef enum fmha_sm90_why {
+    FMHA_SM90_CHOSEN = 0,      /* it runs the problem */
+    FMHA_SM90_DECODE,          /* few packed rows per kv head: the decode tiles */
+    FMHA_SM90_NOT_HOPPER,      /* not an NVIDIA cc 9.x device */
+    FMHA_SM90_NOT_BUILT,       /* the build has no sm_90a code (FMHA_CUDA_ARCHS) */
+    FMHA_SM90_ASKED_MMA,       /* FMHA_GPU_PREFILL_KERNEL=mma */
+    FMHA_SM90_HEAD_DIM,        /* no row of FMHA_GPU_SM90_CONFIGS */
+    FMHA_SM90_KV_CACHE,        /* cache_seqlens / appended keys */
+    FMHA_SM90_FORCED_SPLITS,   /* num_splits >= 2: it writes no split partials */
+    FMHA_SM90_UNALIGNED,       /* q/k/v/out base or strides not 16-byte multiples (TMA) */
+    FMHA_SM90_SCALE,           /* softmax_scale not positive and finite */
+    FMHA_SM90_GRID,            /* batch or heads_q above the grid's 65535 */
+    FMHA_SM90_PACKED,          /* the query heads of a kv head fit one old prefill tile */
+    FMHA_SM90_SPLITS,          /* the split rule splits the keys on its tiles */
+} fmha_sm90_why;
+
 /* The numbers behind the split decision, for explain(). */
 typedef struct fmha_split_why {
     fmha_split_rule rule;
@@ -231,12 +253,23 @@ typedef struct fmha_plan {
     int split_blocks;       /* see fmha_fwd_params.split_blocks */
     int walkers_per_split;  /* see fmha_fwd_params.walkers_per_split */
     int kv_read_once;       /* see fmha_fwd_params.kv_read_once */
+    int schedule;           /* see fmha_fwd_params.schedule */
+    fmha_sm90_why sm90_why; /* GPU, supported: why the sm90 kernel runs or not */
     int n_gate;
     fmha_gate_item gate[FMHA_GATE_COUNT];
     fmha_split_why split;   /* valid when supported */
 } fmha_plan;
 
 /* ---- planner (plan.c) ---- */
+
+/* Which prefill kernel a GPU plan may take (FMHA_GPU_PREFILL_KERNEL). */
+typedef enum fmha_prefill_choice {
+    FMHA_PREFILL_AUTO = 0, /* the planner's rule */
+    FMHA_PREFILL_MMA = 1,  /* the tensor-core producer only */
+    FMHA_PREFILL_SM90 = 2, /* the sm90 kernel wherever it can run, unsplit, even where the
+                              rule would take the decode tiles, pack query heads or split
+                              the keys */
+} fmha_prefill_choice;
 
 /* Where a plan is for: the CPU with num_threads workers, or one GPU. */
 typedef struct fmha_target {
@@ -246,6 +279,10 @@ typedef struct fmha_target {
     int gpu_compiled;                /* a GPU backend is built into this module */
     const char *hip_archs_built;     /* AMD: ';'-separated gcnArchName prefixes with code
                                         objects; NULL = this build's (FMHA_HIP_ARCHS_BUILT) */
+    const char *cuda_archs_built;    /* NVIDIA: ';'-separated FMHA_CUDA_ARCHS entries with
+                                        code ("80;90a"); NULL = this build's
+                                        (FMHA_CUDA_ARCHS_BUILT) */
+    fmha_prefill_choice prefill;     /* GPU: fmha_gpu_prefill_choice() */
 } fmha_target;
 
 /*
@@ -259,6 +296,8 @@ fmha_status fmha_plan_make(const fmha_fwd_params *p, const fmha_target *target,
 
 /* The AMD archs the gate of target compares against (';'-separated). */
 const char *fmha_plan_hip_archs(const fmha_target *target);
+/* The NVIDIA archs built for target (';'-separated FMHA_CUDA_ARCHS entries). */
+const char *fmha_plan_cuda_archs(const fmha_target *target);
 
 /* Copy the plan's choices into the params the backend reads. */
 void fmha_plan_apply(const fmha_plan *plan, fmha_fwd_params *p);
@@ -290,6 +329,9 @@ fmha_status fmha_gpu_device_info(int ordinal, const fmha_device_info **info);
 fmha_status fmha_gpu_fwd(fmha_fwd_params *p);
 fmha_status fmha_gpu_combine(const fmha_combine_params *c);
 const char *fmha_gpu_error_string(void); /* text of the last FMHA_ERR_RUNTIME on this thread */
+/* FMHA_GPU_PREFILL_KERNEL=mma|sm90|auto, read once per process (unset, empty or
+ * another value: auto). */
+fmha_prefill_choice fmha_gpu_prefill_choice(void);
 
 /* Device memory for the host glue (host arrays computed on the GPU, outputs of
  * producers that are neither torch nor CuPy).  Allocation is stream-ordered. */

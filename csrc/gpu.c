@@ -4,20 +4,45 @@
  * Owns the per-device property cache (read once from the runtime, then served
  * from memory), the split-K scratch (stream-ordered allocations, so a call
  * never synchronises the device and works under graph capture) and the
- * public fmha_gpu_* entry points.  The runtime calls and kernels themselves
+ * public fmha_gpu_* entry points, and reads FMHA_GPU_PREFILL_KERNEL for the
+ * planner.  The runtime calls and kernels themselves
  * are in the .hip files under kernels/, reached through gpu_runtime.h.  In a CPU-only build
  * this file provides the same entry points reporting no device.
  */
 #include "fmha.h"
 
+#include <stdatomic.h>
 #include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+
+/*
+ * FMHA_GPU_PREFILL_KERNEL=mma|sm90|auto: which prefill kernel GPU plans may
+ * take (fmha_prefill_choice), so the old kernel stays selectable for
+ * comparisons in one process.  Read once; every thread that races here reads
+ * the same variable and stores the same answer.
+ */
+fmha_prefill_choice fmha_gpu_prefill_choice(void)
+{
+    static atomic_int cached = -1;
+    int v = atomic_load_explicit(&cached, memory_order_relaxed);
+    if (v < 0) {
+        const char *env = getenv("FMHA_GPU_PREFILL_KERNEL");
+        v = FMHA_PREFILL_AUTO;
+        if (env && strcmp(env, "mma") == 0)
+            v = FMHA_PREFILL_MMA;
+        else if (env && strcmp(env, "sm90") == 0)
+            v = FMHA_PREFILL_SM90;
+        atomic_store_explicit(&cached, v, memory_order_relaxed);
+    }
+    return (fmha_prefill_choice)v;
+}
 
 #if defined(FMHA_WITH_CUDA) || defined(FMHA_WITH_HIP)
 
 #include "gpu_runtime.h"
 
 #include <pthread.h>
-#include <stdlib.h>
 
 /* Device property cache: filled on first use, never changes afterwards. */
 static pthread_once_t g_count_once = PTHREAD_ONCE_INIT;

@@ -223,6 +223,16 @@ static int gpu_decode_config(int64_t head_dim, gpu_tiles *t)
     return 0;
 }
 
+/* The sm90 kernel's tiles for head_dim and the CTAs per SM it is built for. */
+static int gpu_sm90_config(int64_t head_dim, gpu_tiles *t, int *ctas_per_sm)
+{
+#define FMHA_MATCH(hd, bm, bn, w, st, ctas, wk) \
+    if (head_dim == (hd)) { *t = (gpu_tiles){bm, bn, w, st, wk}; *ctas_per_sm = ctas; return 1; }
+    FMHA_GPU_SM90_CONFIGS(FMHA_MATCH)
+#undef FMHA_MATCH
+    return 0;
+}
+
 int fmha_rows_aligned(const void *data, int64_t batch_stride, int64_t row_stride,
                       int64_t head_stride, int64_t head_dim, int64_t align_elems, int64_t elem_bytes)
 {
@@ -270,6 +280,9 @@ static int gpu_ctas_per_sm(const fmha_device_info *dev, int kernel, int row, int
 #ifndef FMHA_HIP_ARCHS_BUILT
 #define FMHA_HIP_ARCHS_BUILT "" /* not a HIP build: no AMD code objects */
 #endif
+#ifndef FMHA_CUDA_ARCHS_BUILT
+#define FMHA_CUDA_ARCHS_BUILT "" /* not a CUDA build: no NVIDIA code */
+#endif
 
 /* Whether arch (a gcnArchName: only the part before the first ':' counts) is in
  * the ';'-separated list. */
@@ -296,6 +309,11 @@ const char *fmha_plan_hip_archs(const fmha_target *t)
     return t->hip_archs_built ? t->hip_archs_built : FMHA_HIP_ARCHS_BUILT;
 }
 
+const char *fmha_plan_cuda_archs(const fmha_target *t)
+{
+    return t->cuda_archs_built ? t->cuda_archs_built : FMHA_CUDA_ARCHS_BUILT;
+}
+
 static void gpu_gate(const fmha_fwd_params *p, const fmha_target *t, fmha_plan *plan)
 {
     const fmha_device_info *dev = t->device;
@@ -318,38 +336,111 @@ static void gpu_gate(const fmha_fwd_params *p, const fmha_target *t, fmha_plan *
     gate_add(plan, FMHA_GATE_ALIGNMENT, 1, gpu_rows_aligned(p), 0);
 }
 
-/*
- * The kernel for a problem the gate admits: the decode tiles when few packed
- * query rows share a kv head (decode, speculative decoding: one tile reads
- * each K/V byte once for all of them), the prefill tiles otherwise; the query
- * heads of a kv head are packed into one tile when they fit.
- */
-static int gpu_kernel(const fmha_fwd_params *p, gpu_tiles *tiles, int *row)
+/* The sm90 kernel addresses q, k, v and out through TMA tensor maps: every
+ * base address and stride a multiple of 16 bytes. */
+static int sm90_tma_aligned(const fmha_fwd_params *p)
 {
-    gpu_mma_config(p->head_dim, tiles, row);
-    const int64_t packed_rows = p->seqlen_q * (p->heads_q / p->heads_kv);
-    return packed_rows <= FMHA_GPU_DECODE_MAX_ROWS && gpu_decode_config(p->head_dim, tiles)
-               ? FMHA_KERNEL_GPU_DECODE
-               : FMHA_KERNEL_GPU_MMA;
+    const int64_t tma = 16 / FMHA_GPU_ELEM_BYTES, elem = FMHA_GPU_ELEM_BYTES;
+    return fmha_rows_aligned(p->q, p->q_batch_stride, p->q_row_stride, p->q_head_stride,
+                             p->head_dim, tma, elem) &&
+           fmha_rows_aligned(p->k, p->k_batch_stride, p->k_row_stride, p->k_head_stride,
+                             p->head_dim, tma, elem) &&
+           fmha_rows_aligned(p->v, p->v_batch_stride, p->v_row_stride, p->v_head_stride,
+                             p->head_dim, tma, elem) &&
+           fmha_rows_aligned(p->out, p->o_batch_stride, p->o_row_stride, p->o_head_stride,
+                             p->head_dim, tma, elem);
 }
 
-static void plan_gpu(const fmha_fwd_params *p, const fmha_target *t, int requested,
-                     fmha_plan *plan)
+/*
+ * Whether the sm90 kernel (FMHA_KERNEL_GPU_SM90) takes a prefill problem the
+ * gate admits, split decision aside: the first reason it does not, else
+ * FMHA_SM90_CHOSEN.  It needs its sm_90a code and a cc 9.x device, runs one
+ * unsplit pass over plain (not KV-cache) keys, addresses memory through TMA,
+ * and puts (batch, query head) on the grid's y and z.  It does not pack query
+ * heads: where the old prefill tiles hold all query heads of a kv head
+ * (`packed`), they read K/V once for the group, so they stay (unless
+ * FMHA_GPU_PREFILL_KERNEL=sm90).
+ */
+static fmha_sm90_why sm90_fit(const fmha_fwd_params *p, const fmha_target *t, int requested,
+                              int packed)
 {
     const fmha_device_info *dev = t->device;
-    plan->backend = FMHA_BACKEND_GPU;
-    gpu_gate(p, t, plan);
-    if (!plan->supported)
-        return;
+    gpu_tiles tiles;
+    int ctas = 0;
+    const double LOG2E = 1.4426950408889634; /* the kernel takes softmax_scale * log2(e) */
+    const double scale_log2 = (double)p->softmax_scale * LOG2E;
+    if (dev->is_amd || dev->cc_major != 9)
+        return FMHA_SM90_NOT_HOPPER;
+    if (!arch_in_list("90a", fmha_plan_cuda_archs(t)))
+        return FMHA_SM90_NOT_BUILT;
+    if (t->prefill == FMHA_PREFILL_MMA)
+        return FMHA_SM90_ASKED_MMA;
+    if (!gpu_sm90_config(p->head_dim, &tiles, &ctas))
+        return FMHA_SM90_HEAD_DIM;
+    if (p->seqlens_k || p->k_new || p->v_new || p->seqlen_new)
+        return FMHA_SM90_KV_CACHE;
+    if (requested > 1)
+        return FMHA_SM90_FORCED_SPLITS;
+    if (!sm90_tma_aligned(p))
+        return FMHA_SM90_UNALIGNED;
+    if (!(scale_log2 > 0.0 && scale_log2 <= FLT_MAX))
+        return FMHA_SM90_SCALE;
+    if (p->batch > 65535 || p->heads_q > 65535)
+        return FMHA_SM90_GRID;
+    if (packed && t->prefill != FMHA_PREFILL_SM90)
+        return FMHA_SM90_PACKED;
+    return FMHA_SM90_CHOSEN;
+}
 
+/*
+ * The sm90 kernel's schedule (fmha_config.h says why): ping-pong for
+ * head_dim >= FMHA_SM90_PINGPONG_MIN_HEAD_DIM when a query row sees at least
+ * FMHA_SM90_PINGPONG_MIN_BLOCKS key blocks on average, else interleaved.
+ * Causal, with d = seqlen_k - seqlen_q, row i sees min(seqlen_k, i + d + 1)
+ * keys (none below 0): on average seqlen_k - (seqlen_q - 1) / 2 when d >= 0,
+ * seqlen_k (seqlen_k + 1) / (2 seqlen_q) when d < 0.
+ */
+static int sm90_schedule(const fmha_fwd_params *p, int block_n)
+{
+    if (p->head_dim < FMHA_SM90_PINGPONG_MIN_HEAD_DIM)
+        return FMHA_SM90_INTERLEAVED;
+    const double sq = (double)p->seqlen_q, sk = (double)p->seqlen_k;
+    double keys = sk;
+    if (p->causal)
+        keys = sk >= sq ? sk - (sq - 1.0) / 2.0 : sk * (sk + 1.0) / (2.0 * sq);
+    return keys >= (double)FMHA_SM90_PINGPONG_MIN_BLOCKS * block_n ? FMHA_SM90_PINGPONG
+                                                                   : FMHA_SM90_INTERLEAVED;
+}
+
+/*
+ * Tiles, GQA packing, L2 hint and split count of one GPU kernel for the
+ * problem.  The tensor-core tiles pack the query heads of a kv head into one
+ * tile when they fit; the sm90 kernel never packs and runs one CTA per SM.
+ */
+static void plan_kernel(const fmha_fwd_params *p, const fmha_target *t, int kernel,
+                        int requested, fmha_plan *plan)
+{
+    const fmha_device_info *dev = t->device;
     gpu_tiles tiles = {0, 0, 0, 0, 1};
-    int config_row = 0;
-    const int kernel = gpu_kernel(p, &tiles, &config_row);
+    int config_row = 0, sm90_ctas = 1;
+    if (kernel == FMHA_KERNEL_GPU_SM90) {
+        gpu_sm90_config(p->head_dim, &tiles, &sm90_ctas);
+    } else {
+        gpu_mma_config(p->head_dim, &tiles, &config_row); /* the row indexes ctas_per_sm */
+        if (kernel == FMHA_KERNEL_GPU_DECODE)
+            gpu_decode_config(p->head_dim, &tiles);
+    }
     const int64_t group = p->heads_q / p->heads_kv;
     plan->kernel_id = kernel;
-    plan->pack_gqa = group > 1 && p->seqlen_q * group <= tiles.block_m;
+    plan->pack_gqa = kernel != FMHA_KERNEL_GPU_SM90 && group > 1 && p->seqlen_q * group <= tiles.block_m;
     plan->block_m = tiles.block_m;
     plan->block_n = tiles.block_n;
+    plan->num_splits = 1;
+    plan->split_blocks = 0;
+    plan->walkers_per_split = 1;
+    plan->kv_read_once = 0;
+    plan->schedule = kernel == FMHA_KERNEL_GPU_SM90 ? sm90_schedule(p, tiles.block_n) : 0;
+    memset(&plan->split, 0, sizeof plan->split);
     const int lengths_known = p->seqlens_k && p->total_keys > 0; /* host cache_seqlens */
     if (kernel == FMHA_KERNEL_GPU_DECODE && !dev->is_amd && dev->l2_bytes > 0) {
         /* K and V bytes the tiles read: the real lengths when known, else the capacity */
@@ -360,7 +451,10 @@ static void plan_gpu(const fmha_fwd_params *p, const fmha_target *t, int request
 
     const int64_t row_tiles = ceil_div(tile_rows(p, plan->pack_gqa), tiles.block_m);
     const int64_t n_tiles = p->batch * (plan->pack_gqa ? p->heads_kv : p->heads_q) * row_tiles;
-    const machine gpu = {dev->sm_count, gpu_ctas_per_sm(dev, kernel, config_row, p->head_dim, &tiles),
+    const machine gpu = {dev->sm_count,
+                         kernel == FMHA_KERNEL_GPU_SM90
+                             ? sm90_ctas
+                             : gpu_ctas_per_sm(dev, kernel, config_row, p->head_dim, &tiles),
                          kernel == FMHA_KERNEL_GPU_MMA ? FMHA_GPU_MMA_SHARE_COST : 0.0,
                          kernel == FMHA_KERNEL_GPU_DECODE ? FMHA_GPU_DECODE_SPLIT_TIE : 1.0};
     /* Ragged chunks only for the heuristic: with a forced num_splits a row's
@@ -370,6 +464,52 @@ static void plan_gpu(const fmha_fwd_params *p, const fmha_target *t, int request
                     ragged ? ceil_div(p->total_keys, tiles.block_n) : 0, p->batch,
                     split_partial_cost(tiles.block_m, tiles.block_n), tiles.walkers, 1.0};
     plan_splits(requested, &w, &gpu, plan);
+}
+
+/*
+ * The kernel for a problem the gate admits, in one place: the decode tiles
+ * when few packed query rows share a kv head (decode, speculative decoding:
+ * one tile reads each K/V byte once for all of them); else the sm90 kernel
+ * when sm90_fit() takes the problem and the split rule, on its tiles and one
+ * CTA per SM, keeps the keys in one split (it writes no split partials); else
+ * the tensor-core prefill tiles.  FMHA_GPU_PREFILL_KERNEL=sm90 puts the sm90
+ * kernel first wherever sm90_fit() allows, unsplit.  plan->sm90_why says
+ * which test decided.
+ */
+static void plan_gpu_kernel(const fmha_fwd_params *p, const fmha_target *t, int requested,
+                            fmha_plan *plan)
+{
+    gpu_tiles mma, decode;
+    int row = 0;
+    gpu_mma_config(p->head_dim, &mma, &row);
+    const int64_t group = p->heads_q / p->heads_kv;
+    const int asked = t->prefill == FMHA_PREFILL_SM90;
+    const int decode_rows = p->seqlen_q * group <= FMHA_GPU_DECODE_MAX_ROWS &&
+                            gpu_decode_config(p->head_dim, &decode);
+    fmha_sm90_why why = FMHA_SM90_DECODE;
+    if (!decode_rows || asked) {
+        const int packed = group > 1 && p->seqlen_q * group <= mma.block_m;
+        why = sm90_fit(p, t, requested, packed);
+    }
+    if (why == FMHA_SM90_CHOSEN) {
+        plan_kernel(p, t, FMHA_KERNEL_GPU_SM90, asked && requested == 0 ? 1 : requested, plan);
+        if (plan->num_splits == 1) {
+            plan->sm90_why = FMHA_SM90_CHOSEN;
+            return;
+        }
+        why = FMHA_SM90_SPLITS;
+    }
+    plan_kernel(p, t, decode_rows ? FMHA_KERNEL_GPU_DECODE : FMHA_KERNEL_GPU_MMA, requested, plan);
+    plan->sm90_why = decode_rows ? FMHA_SM90_DECODE : why;
+}
+
+static void plan_gpu(const fmha_fwd_params *p, const fmha_target *t, int requested,
+                     fmha_plan *plan)
+{
+    plan->backend = FMHA_BACKEND_GPU;
+    gpu_gate(p, t, plan);
+    if (plan->supported)
+        plan_gpu_kernel(p, t, requested, plan);
 }
 
 fmha_status fmha_plan_make(const fmha_fwd_params *p, const fmha_target *t, int requested_splits,
@@ -391,6 +531,7 @@ void fmha_plan_apply(const fmha_plan *plan, fmha_fwd_params *p)
     p->split_blocks = plan->split_blocks;
     p->walkers_per_split = plan->walkers_per_split > 0 ? plan->walkers_per_split : 1;
     p->kv_read_once = plan->kv_read_once;
+    p->schedule = plan->schedule;
     p->num_splits = plan->num_splits;
     p->block_m = plan->block_m;
     p->block_n = plan->block_n;

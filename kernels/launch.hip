@@ -6,6 +6,7 @@
  * kernel.  Everything is enqueued on p->stream; nothing synchronises.
  */
 #include "convert.h"
+#include "fwd_sm90.h"
 #include "gpu_runtime.h"
 #include "launch.h"
 
@@ -80,7 +81,7 @@ copy_rows_kernel(int64_t rows, int64_t heads, int64_t head_dim, int64_t total,
     }
 }
 
-fmha_status launch_producer(const fmha_fwd_params &p)
+fmha_status launch_mma(const fmha_fwd_params &p)
 {
     switch (p.head_dim) {
 #define FMHA_CASE(hd, bm, bn, w, st, ctas, str) \
@@ -89,6 +90,51 @@ fmha_status launch_producer(const fmha_fwd_params &p)
 #undef FMHA_CASE
     }
     return FMHA_ERR_UNSUPPORTED;
+}
+
+#if !FMHA_DEVICE_IS_AMD
+/*
+ * The sm90 kernel's plan (one split, no KV cache) run by the tensor-core
+ * prefill tiles instead: the same problem with the tiles of their table row,
+ * query heads unpacked.
+ */
+fmha_status launch_mma_instead(const fmha_fwd_params &p)
+{
+    fmha_fwd_params mma = p;
+    mma.kernel = FMHA_KERNEL_GPU_MMA;
+    mma.pack_gqa = 0;
+    mma.walkers_per_split = 1;
+    switch (p.head_dim) {
+#define FMHA_CASE(hd, bm, bn, w, st, ctas, wk) \
+    case hd:                                   \
+        mma.block_m = bm;                      \
+        mma.block_n = bn;                      \
+        return launch_fwd_mma_d##hd(mma);
+        FMHA_GPU_MMA_CONFIGS(FMHA_CASE)
+#undef FMHA_CASE
+    }
+    return FMHA_ERR_UNSUPPORTED;
+}
+#endif
+
+/*
+ * The producer the plan chose.  The sm90 kernel's launcher answers
+ * FMHA_ERR_UNSUPPORTED, launching nothing, for what the planner could not
+ * see (e.g. a driver without the tensor-map encoder); its plans have one
+ * split, so the tensor-core tiles then run the same problem.
+ */
+fmha_status launch_producer(const fmha_fwd_params &p)
+{
+#if !FMHA_DEVICE_IS_AMD
+    if (p.kernel == FMHA_KERNEL_GPU_SM90) {
+        hipError_t err = hipSuccess;
+        const fmha_status st = fmha_sm90_prefill_launch(p, &err, p.schedule);
+        if (st == FMHA_ERR_UNSUPPORTED && p.num_splits <= 1)
+            return launch_mma_instead(p);
+        return st == FMHA_ERR_RUNTIME ? record_error("fwd_sm90_kernel", err) : st;
+    }
+#endif
+    return launch_mma(p);
 }
 
 /* The split scratch seen as combine input (layouts in fmha.h). */

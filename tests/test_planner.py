@@ -2,7 +2,9 @@
 described devices (H100, H200, A100, a cc 7.5 card, MI300X), through the private hook
 _fmha_native._plan_for_device, which plans as if the GPU kernels were built in.  The split
 golden cases come from measurement: benchmarks/sweep_h200.json holds, per shape, the
-times of forced split counts on an H200."""
+times of forced split counts on an H200 with the tensor-core prefill tiles.  Tests of the
+tensor-core tiles' rules pin prefill_kernel="mma" (FMHA_GPU_PREFILL_KERNEL), so they hold
+in builds with or without sm_90a code."""
 import json
 import math
 import os
@@ -121,7 +123,7 @@ def test_gate_alignment_is_reported_not_refused():
 ])
 def test_kernel_choice(seqlen_q, heads_q, heads_kv, kernel, pack):
     plan = plan_for(problem(seqlen_q=seqlen_q, heads_q=heads_q, heads_kv=heads_kv,
-                            seqlen_k=8192, causal=seqlen_q > 1), H200)
+                            seqlen_k=8192, causal=seqlen_q > 1), H200, prefill_kernel="mma")
     assert plan["kernel"].startswith(f"fwd_{kernel}<bfloat16,d128"), plan["kernel"]
     assert plan["kernel_id"] == (2 if kernel == "decode" else 1)
     assert plan["pack_gqa"] is pack
@@ -129,6 +131,157 @@ def test_kernel_choice(seqlen_q, heads_q, heads_kv, kernel, pack):
     assert plan["block_m"] == (16 if kernel == "decode" else 64)
     assert ("+combine" in plan["kernel"]) is (plan["num_splits"] > 1)
     assert ("+merge" in plan["kernel"]) is (plan["walkers_per_split"] > 1)
+
+
+# ------------------------------------------------- the Hopper prefill kernel (fwd_sm90.h)
+
+WITH_SM90 = ["80", "90a"]      # FMHA_CUDA_ARCHS entries of a build with sm_90a code
+H100_SM90 = dict(H100, archs_built=WITH_SM90)
+H200_SM90 = dict(H200, archs_built=WITH_SM90)
+
+
+def prefill(**kw):
+    """A plain prefill: 4 x 32 query heads (GQA 4) x 4096 rows and keys."""
+    return problem(**dict(dict(batch=4, seqlen_q=4096, seqlen_k=4096, heads_q=32, heads_kv=8),
+                          **kw))
+
+
+def is_sm90(plan):
+    return plan["kernel"].startswith("fwd_sm90<") and plan["kernel_id"] == 3
+
+
+@pytest.mark.parametrize("device", [H100_SM90, H200_SM90], ids=["H100", "H200"])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_sm90_runs_hopper_prefill(device, head_dim, dtype, causal):
+    plan = plan_for(prefill(head_dim=head_dim, dtype=dtype, causal=causal), device)
+    assert is_sm90(plan), plan["reason"]
+    assert plan["kernel"].startswith(f"fwd_sm90<{dtype},d{head_dim}" + (",causal," if causal else ","))
+    assert plan["block_m"] == 128 and plan["block_n"] == 128
+    assert plan["num_splits"] == 1 and plan["walkers_per_split"] == 1
+    assert plan["pack_gqa"] is False and "+combine" not in plan["kernel"]
+    assert plan["reason"].startswith("Hopper prefill: warp-specialized TMA + wgmma tiles 128x128")
+    # one CTA per SM: as many slots as SMs; one tile per (128 rows, query head, batch entry)
+    assert plan["split"]["slots"] == device["sm_count"]
+    assert plan["split"]["tiles"] == 4 * 32 * (4096 // 128)
+    assert all(item["met"] for item in plan["gate"].values())
+
+
+@pytest.mark.parametrize("head_dim,causal,seqlen,schedule", [
+    (64, False, 8192, "interleaved"),   # d64: interleaved
+    (64, True, 8192, "interleaved"),
+    (128, False, 8192, "pingpong"),     # d128: ping-pong
+    (128, True, 8192, "pingpong"),
+    (128, True, 2048, "interleaved"),   # ... except short causal problems
+])
+def test_sm90_schedule(head_dim, causal, seqlen, schedule):
+    plan = plan_for(prefill(head_dim=head_dim, causal=causal, seqlen_q=seqlen, seqlen_k=seqlen),
+                    H100_SM90)
+    assert is_sm90(plan), plan["reason"]
+    assert plan["kernel"].endswith(f",{schedule}>"), plan["kernel"]
+    assert ("ping-pong" in plan["reason"]) is (schedule == "pingpong")
+
+
+@pytest.mark.parametrize("built", [["80"], ["80", "90"], [], ["90a"]])
+def test_sm90_needs_sm90a_code(built):
+    plan = plan_for(prefill(), dict(H100, archs_built=built))
+    if "90a" in built:
+        assert is_sm90(plan), plan["reason"]
+        return
+    assert plan["kernel"].startswith("fwd_mma<"), plan["kernel"]
+    assert plan["supported"] is True and plan["block_m"] == 64
+    assert "not fwd_sm90: this build has no sm_90a code" in plan["reason"], plan["reason"]
+
+
+@pytest.mark.parametrize("device", [A100, dict(A100, cc=(8, 9), name="L4-like"),
+                                    dict(H100, cc=(10, 0), name="next")],
+                         ids=["A100", "cc8.9", "cc10"])
+def test_sm90_only_on_cc9(device):
+    plan = plan_for(prefill(), dict(device, archs_built=WITH_SM90))
+    assert plan["kernel"].startswith("fwd_mma<"), plan["kernel"]
+    assert "fwd_sm90" not in plan["reason"]
+
+
+def test_sm90_never_on_amd():
+    plan = plan_for(prefill(), dict(MI300X, archs_built=["gfx942"]))
+    assert plan["kernel"].startswith("fwd_mma<"), plan["kernel"]
+
+
+@pytest.mark.parametrize("seqlen_q,heads_q,heads_kv", [(1, 32, 8), (4, 32, 8), (1, 16, 16)])
+def test_sm90_leaves_decode_to_the_decode_tiles(seqlen_q, heads_q, heads_kv):
+    plan = plan_for(problem(seqlen_q=seqlen_q, heads_q=heads_q, heads_kv=heads_kv,
+                            seqlen_k=8192), H100_SM90)
+    assert plan["kernel"].startswith("fwd_decode<"), plan["kernel"]
+    assert plan["block_m"] == 16
+    # FMHA_GPU_PREFILL_KERNEL=sm90 puts it first wherever it can run, unsplit
+    asked = plan_for(problem(seqlen_q=seqlen_q, heads_q=heads_q, heads_kv=heads_kv,
+                             seqlen_k=8192), H100_SM90, prefill_kernel="sm90")
+    assert is_sm90(asked) and asked["num_splits"] == 1, asked["reason"]
+    # ... but not where it cannot: a KV cache keeps the decode tiles
+    cached = plan_for(problem(seqlen_q=seqlen_q, heads_q=heads_q, heads_kv=heads_kv,
+                              seqlen_k=8192, cache_seqlens=[100]), H100_SM90,
+                      prefill_kernel="sm90")
+    assert cached["kernel"].startswith("fwd_decode<"), cached["kernel"]
+
+
+def test_sm90_not_for_kv_caches():
+    plan = plan_for(prefill(batch=2, cache_seqlens=[4000, 1000]), H100_SM90)
+    assert plan["kernel"].startswith("fwd_mma<"), plan["kernel"]
+    assert "not fwd_sm90: it does not read KV caches" in plan["reason"]
+    appended = plan_for(prefill(batch=2, seqlen_q=512, cache_seqlens=[3000, 10], seqlen_new=512),
+                        H100_SM90)
+    assert appended["kernel"].startswith("fwd_mma<"), appended["kernel"]
+
+
+@pytest.mark.parametrize("num_splits", [2, 7])
+def test_sm90_not_for_forced_splits(num_splits):
+    plan = plan_for(prefill(), H100_SM90, num_splits=num_splits)
+    assert plan["kernel"].startswith("fwd_mma<") and plan["kernel"].endswith("+combine")
+    assert plan["num_splits"] == num_splits
+    assert "it writes no split partials" in plan["reason"]
+    # num_splits=1 is no split: the sm90 kernel runs it
+    assert is_sm90(plan_for(prefill(), H100_SM90, num_splits=1))
+
+
+def test_sm90_not_for_unaligned_rows():
+    plan = plan_for(prefill(misaligned=1), H100_SM90)
+    assert plan["kernel"].startswith("fwd_mma<"), plan["kernel"]
+    assert "16-byte multiples" in plan["reason"], plan["reason"]
+    assert plan["gate"]["alignment"]["met"] is True  # the gate is unchanged: staged, not refused
+
+
+def test_sm90_not_past_the_grid():
+    plan = plan_for(prefill(batch=65536, seqlen_q=256, seqlen_k=256), H100_SM90)
+    assert plan["kernel"].startswith("fwd_mma<") and "65535" in plan["reason"]
+
+
+def test_sm90_leaves_packed_query_heads_to_the_old_tiles():
+    # 16 rows x 4 query heads per kv head = 64 packed rows: one old tile reads K/V once for all
+    shape = prefill(seqlen_q=16, seqlen_k=2048, batch=64)
+    plan = plan_for(shape, H100_SM90)
+    assert plan["kernel"].startswith("fwd_mma<") and plan["pack_gqa"] is True
+    assert "query heads of a kv head fit one tile" in plan["reason"]
+    asked = plan_for(shape, H100_SM90, prefill_kernel="sm90")
+    assert is_sm90(asked) and asked["pack_gqa"] is False, asked["reason"]
+
+
+def test_sm90_gives_way_when_the_keys_should_split():
+    # 8 tiles of 128 rows over 132 SMs with 64K keys: unsplit, most SMs would idle
+    shape = prefill(batch=1, seqlen_q=128, seqlen_k=65536, heads_q=8, heads_kv=8)
+    plan = plan_for(shape, H100_SM90)
+    assert plan["kernel"].startswith("fwd_mma<") and plan["num_splits"] > 1
+    assert "the split rule splits the keys" in plan["reason"], plan["reason"]
+    asked = plan_for(shape, H100_SM90, prefill_kernel="sm90")
+    assert is_sm90(asked) and asked["num_splits"] == 1
+    assert "FMHA_GPU_PREFILL_KERNEL=sm90" in asked["reason"]
+
+
+def test_sm90_can_be_turned_off():
+    plan = plan_for(prefill(), H100_SM90, prefill_kernel="mma")
+    assert plan["kernel"].startswith("fwd_mma<") and plan["block_m"] == 64
+    assert "not fwd_sm90: FMHA_GPU_PREFILL_KERNEL=mma" in plan["reason"]
+    assert is_sm90(plan_for(prefill(), H100_SM90, prefill_kernel="auto"))
 
 
 # ------------------------------------------------------------------------- split decisions
@@ -240,7 +393,7 @@ def test_sweep_golden_regret(sweep):
         assert not row.get("trimmed_from"), "the golden shapes ran untrimmed"
         b, hq, hkv, sq, sk, d, causal = row["shape"]
         plan = plan_for(problem(batch=b, heads_q=hq, heads_kv=hkv, seqlen_q=sq, seqlen_k=sk,
-                                head_dim=d, causal=causal), SWEEP_H200)
+                                head_dim=d, causal=causal), SWEEP_H200, prefill_kernel="mma")
         label = f"#{index} {row['label']}: {plan['reason']}"
         assert plan["walkers_per_split"] == 1, label
         times, best = measured(row)
@@ -266,3 +419,5 @@ def test_hook_validates_its_input():
         plan_for(problem(batch=2, cache_seqlens=[1]), H100)
     with pytest.raises(ValueError, match="num_splits"):
         plan_for(problem(), H100, num_splits=-1)
+    with pytest.raises(ValueError, match="prefill_kernel"):
+        plan_for(problem(), H100, prefill_kernel="wgmma")

@@ -1,0 +1,257 @@
+"""The Hopper prefill kernel (kernels/fwd_sm90.h) through fmha_native.forward on torch CUDA
+tensors, against the float64 reference: odd lengths, seqlen_q above and far below
+seqlen_k, causal and not, GQA ratios 1/4/8/16, head_dim 64/128, float16/bfloat16, strided
+views, strides TMA cannot address (the tensor-core tiles run those), bitwise determinism,
+and FMHA_GPU_PREFILL_KERNEL.  Every sm90 case first checks that explain() names the sm90
+kernel for its tensors, so none passes on another kernel.  Everything skips, saying why,
+without a cc 9.x GPU, torch with CUDA, or sm_90a code in this build."""
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+
+import _fmha_native
+import fmha_native
+from fmha_native import reference
+from _harness import NO_GPU_REASON, as_f64, assert_close, bits, gpu_devices, torch_cuda
+
+pytestmark = pytest.mark.gpu
+
+SM90 = "fwd_sm90<"
+MMA = "fwd_mma<"
+TORCH_DTYPE = {"f16": "float16", "bf16": "bfloat16"}
+
+# A described Hopper without archs_built: the planner then asks this build's archs.
+_HOPPER = dict(name="described H100", arch="sm_90", cc=(9, 0), sm_count=132,
+               l2_bytes=50 << 20, max_smem_per_block=227 << 10, max_smem_per_sm=228 << 10)
+_PREFILL = dict(batch=2, seqlen_q=4096, seqlen_k=4096, heads_q=16, heads_kv=16, head_dim=128,
+                dtype="bfloat16", causal=0)
+
+
+def _skip_reason():
+    devices = gpu_devices()
+    if not devices:
+        return NO_GPU_REASON
+    if not torch_cuda():
+        return "needs torch with CUDA"
+    dev = devices[0]
+    if dev.get("platform") != "cuda" or dev.get("cc_major") != 9:
+        return f"needs a cc 9.x GPU as device 0 (it is {dev.get('name')}, {dev.get('arch')})"
+    if "no sm_90a code" in _fmha_native._plan_for_device(_PREFILL, _HOPPER)["reason"]:
+        return "this build has no sm_90a code (FMHA_CUDA_ARCHS without 90a)"
+    if os.environ.get("FMHA_GPU_PREFILL_KERNEL", "") not in ("", "auto", "sm90"):
+        return "FMHA_GPU_PREFILL_KERNEL turns the sm90 kernel off in this process"
+    return None
+
+
+@pytest.fixture(scope="module")
+def torch():
+    reason = _skip_reason()
+    if reason:
+        pytest.skip(reason)
+    import torch as torch_module
+    return torch_module
+
+
+def randn(torch, shape, dtype, seed):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    x = torch.randn(shape, generator=gen, device="cuda", dtype=torch.float32)
+    return x.to(getattr(torch, TORCH_DTYPE[dtype]))
+
+
+def qkv(torch, batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, dtype, seed):
+    return (randn(torch, (batch, seqlen_q, heads_q, head_dim), dtype, seed),
+            randn(torch, (batch, seqlen_k, heads_kv, head_dim), dtype, seed + 1),
+            randn(torch, (batch, seqlen_k, heads_kv, head_dim), dtype, seed + 2))
+
+
+def batch_for(seqlen_q, heads_q):
+    """Batch entries giving at least two waves of 128-row tiles on 132 SMs, so the split
+    rule keeps every case below in one split (the sm90 kernel's condition)."""
+    return max(1, math.ceil(2 * 132 / (heads_q * math.ceil(seqlen_q / 128))))
+
+
+def check(q, k, v, dtype, kernel=SM90, **kw):
+    """explain() names `kernel` for these tensors; forward matches the reference."""
+    plan = fmha_native.explain(q, k, v, **kw)
+    assert plan["kernel"].startswith(kernel), f"{plan['kernel']}: {plan['reason']}"
+    out, lse = fmha_native.forward(q, k, v, **kw)
+    ref_kw = {key: kw[key] for key in ("causal", "softmax_scale") if key in kw}
+    ref_out, ref_lse = reference.forward(q, k, v, **ref_kw)
+    assert_close(as_f64(out), as_f64(lse), ref_out, ref_lse, dtype, what=plan["kernel"])
+    return plan, out, lse
+
+
+# (seqlen_q, seqlen_k): lengths that are not tile multiples, seqlen_q above seqlen_k
+# (causal rows that see no key) and far below it
+LENGTHS = [(1003, 1), (1003, 17), (1003, 127), (1003, 129), (1003, 1003), (17, 1003),
+           (127, 1003), (129, 1003), (129, 2049)]
+
+
+@pytest.mark.parametrize("dtype", ["f16", "bf16"])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("seqlen_q,seqlen_k", LENGTHS)
+def test_lengths(torch, seqlen_q, seqlen_k, causal, head_dim, dtype):
+    heads_q, heads_kv = 8, 2
+    batch = batch_for(seqlen_q, heads_q)
+    q, k, v = qkv(torch, batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, dtype,
+                  seed=seqlen_q * 7 + seqlen_k + head_dim)
+    check(q, k, v, dtype, causal=causal)
+
+
+@pytest.mark.parametrize("dtype", ["f16", "bf16"])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("group", [1, 4, 8, 16])
+def test_gqa_ratios(torch, group, causal, head_dim, dtype):
+    heads_kv = 2
+    heads_q = heads_kv * group
+    batch = batch_for(257, heads_q)
+    q, k, v = qkv(torch, batch, 257, 515, heads_q, heads_kv, head_dim, dtype, seed=group * 31)
+    check(q, k, v, dtype, causal=causal)
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_custom_scale(torch, head_dim):
+    q, k, v = qkv(torch, 4, 300, 700, 8, 8, head_dim, "bf16", seed=77)
+    check(q, k, v, "bf16", causal=True, softmax_scale=0.3)
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_slices_of_a_packed_qkv(torch, head_dim):
+    """q, k and v as slices of one [batch, seqlen, heads_q + 2 heads_kv, head_dim] tensor:
+    non-contiguous, with 16-byte strides and bases, so TMA reads them in place."""
+    batch, seqlen, heads_q, heads_kv = 4, 515, 16, 4
+    packed = randn(torch, (batch, seqlen, heads_q + 2 * heads_kv, head_dim), "bf16", seed=5)
+    q = packed[:, :, :heads_q]
+    k = packed[:, :, heads_q:heads_q + heads_kv]
+    v = packed[:, :, heads_q + heads_kv:]
+    assert not q.is_contiguous() and not k.is_contiguous()
+    check(q, k, v, "bf16", causal=True)
+
+
+def test_sdpa_layout_transposed(torch):
+    """[batch, heads, seqlen, head_dim] tensors transposed to the library's layout."""
+    batch, seqlen, heads = 4, 777, 8
+    q, k, v = (randn(torch, (batch, heads, seqlen, 128), "f16", seed=s).transpose(1, 2)
+               for s in (1, 2, 3))
+    check(q, k, v, "f16")
+
+
+@pytest.mark.parametrize("what", ["head_stride", "base_8_bytes"])
+def test_inputs_tma_cannot_address_run_on_the_old_kernel(torch, what):
+    batch, seqlen, heads, head_dim = 4, 300, 8, 128
+    pad, start = (4, 0) if what == "head_stride" else (8, 4)
+    bufs = [randn(torch, (batch, seqlen, heads, head_dim + pad), "bf16", seed=s) for s in (1, 2, 3)]
+    q, k, v = (b[..., start:start + head_dim] for b in bufs)
+    plan, _, _ = check(q, k, v, "bf16", kernel=MMA, causal=True)
+    assert "not fwd_sm90" in plan["reason"] and "16-byte multiples" in plan["reason"], \
+        plan["reason"]
+
+
+def test_out_tma_cannot_address_runs_on_the_old_kernel(torch):
+    """An out that starts 4 bytes past a 16-byte boundary: written in place by the
+    tensor-core tiles (element pairs), which TMA stores could not do."""
+    batch, seqlen, heads, head_dim = 4, 300, 8, 64
+    q, k, v = qkv(torch, batch, seqlen, seqlen, heads, heads, head_dim, "f16", seed=9)
+    buf = torch.full((batch, seqlen, heads, head_dim + 8), 7.0, device="cuda",
+                     dtype=torch.float16)
+    out = buf[..., 2:2 + head_dim]
+    plan = fmha_native.explain(q, k, v, out=out)
+    assert plan["kernel"].startswith(MMA), f"{plan['kernel']}: {plan['reason']}"
+    res, lse = fmha_native.forward(q, k, v, out=out)
+    assert res is out
+    ref_out, ref_lse = reference.forward(q, k, v)
+    assert_close(as_f64(out), as_f64(lse), ref_out, ref_lse, "f16")
+    # nothing outside out was written
+    assert bool((buf[..., :2] == 7.0).all()) and bool((buf[..., 2 + head_dim:] == 7.0).all())
+
+
+@pytest.mark.parametrize("dtype,head_dim,causal,want", [
+    ("bf16", 128, True, "fwd_sm90<bfloat16,d128,causal,"),
+    ("f16", 64, False, "fwd_sm90<float16,d64,interleaved>"),  # d64 is always interleaved
+])
+def test_explain_names_the_sm90_kernel(torch, dtype, head_dim, causal, want):
+    q, k, v = qkv(torch, 2, 4096, 4096, 16, 4, head_dim, dtype, seed=3)
+    plan = fmha_native.explain(q, k, v, causal=causal)
+    assert plan["kernel"].startswith(want), plan["kernel"]
+    assert plan["kernel_id"] == 3 and plan["num_splits"] == 1
+    assert plan["block_m"] == 128 and plan["pack_gqa"] is False
+    assert plan["reason"].startswith("Hopper prefill"), plan["reason"]
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_bitwise_deterministic(torch, causal):
+    q, k, v = qkv(torch, 2, 2048, 2048, 16, 4, 128, "bf16", seed=12)
+    plan, out1, lse1 = check(q, k, v, "bf16", causal=causal)
+    out2, lse2 = fmha_native.forward(q, k, v, causal=causal)
+    assert bits(out1) == bits(out2) and bits(lse1) == bits(lse2), plan["kernel"]
+
+
+# --------------------------------------------- FMHA_GPU_PREFILL_KERNEL (read once per process)
+
+_SCRIPT = """
+import json, sys
+import torch
+import fmha_native
+from fmha_native import reference
+from _harness import as_f64, assert_close
+results = []
+for case in json.loads(sys.argv[1]):
+    b, sq, sk, hq, hkv, d, dtype, causal = case
+    gen = torch.Generator(device="cuda").manual_seed(sq * 1000 + sk + d)
+    tdtype = getattr(torch, {"f16": "float16", "bf16": "bfloat16"}[dtype])
+    q, k, v = (torch.randn(shape, generator=gen, device="cuda").to(tdtype)
+               for shape in ((b, sq, hq, d), (b, sk, hkv, d), (b, sk, hkv, d)))
+    plan = fmha_native.explain(q, k, v, causal=causal)
+    out, lse = fmha_native.forward(q, k, v, causal=causal)
+    ref_out, ref_lse = reference.forward(q, k, v, causal=causal)
+    error = None
+    try:
+        assert_close(as_f64(out), as_f64(lse), ref_out, ref_lse, dtype)
+    except AssertionError as exc:
+        error = str(exc)
+    results.append({"case": case, "kernel": plan["kernel"], "reason": plan["reason"],
+                    "num_splits": plan["num_splits"], "error": error})
+print(json.dumps(results))
+"""
+
+
+def _run_with(value, cases):
+    env = dict(os.environ, FMHA_GPU_PREFILL_KERNEL=value)
+    tests_dir = os.path.dirname(os.path.abspath(__file__))
+    package_parent = os.path.dirname(os.path.dirname(os.path.abspath(fmha_native.__file__)))
+    env["PYTHONPATH"] = os.pathsep.join([package_parent, tests_dir, env.get("PYTHONPATH", "")])
+    res = subprocess.run([sys.executable, "-c", _SCRIPT, json.dumps(cases)], capture_output=True,
+                         text=True, env=env, cwd=tests_dir, timeout=600)
+    assert res.returncode == 0, res.stderr[-4000:]
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def test_env_mma_keeps_the_old_kernel(torch):
+    cases = [[2, 1024, 1024, 16, 4, 128, "bf16", True], [2, 1024, 1024, 16, 16, 64, "f16", False]]
+    for r in _run_with("mma", cases):
+        assert r["kernel"].startswith(MMA), r
+        assert "FMHA_GPU_PREFILL_KERNEL=mma" in r["reason"], r
+        assert r["error"] is None, r
+
+
+def test_env_sm90_runs_the_shapes_auto_gives_other_kernels(torch):
+    """Under FMHA_GPU_PREFILL_KERNEL=sm90 the kernel takes one-row queries (the decode
+    tiles' shapes), packable query heads and few tiles over long keys (which the split
+    rule would split), unsplit: tiles of one to a few valid rows."""
+    cases = [[1, 1, 1003, 4, 4, 128, "bf16", False],     # 1 row, MHA
+             [2, 1, 1003, 32, 2, 64, "f16", True],       # 1 row, GQA 16
+             [1, 1, 1, 8, 8, 64, "bf16", True],          # one query, one key
+             [3, 17, 17, 8, 2, 128, "f16", True],        # 68 packable rows
+             [1, 129, 16384, 2, 1, 128, "bf16", True],   # 4 tiles, 128 key blocks
+             [1, 1003, 129, 4, 4, 64, "f16", True]]      # causal rows with no key
+    results = _run_with("sm90", cases)
+    assert len(results) == len(cases)
+    for r in results:
+        assert r["kernel"].startswith(SM90) and r["num_splits"] == 1, r
+        assert r["error"] is None, r
