@@ -59,7 +59,7 @@ static void gate_why(const fmha_plan *plan, const fmha_target *t, const fmha_gat
         else if (g->b == FMHA_DEVICE_NONE_VISIBLE || !dev)
             snprintf(buf, len, "no GPU is visible to the runtime");
         else
-            snprintf(buf, len, "%s (%s, %lld %s)", dev->name, dev->arch, (long long)g->a,
+            snprintf(buf, len, "%.160s (%.48s, %lld %s)", dev->name, dev->arch, (long long)g->a,
                      dev->is_amd ? "CUs" : "SMs");
         return;
     case FMHA_GATE_ARCH:
@@ -359,7 +359,7 @@ PyObject *fmha_explain_dict(const fmha_explain_input *in)
     PyObject *d = PyDict_New();
     if (!d)
         return NULL;
-    char kernel[96], reason[1024], own[768], rejected[768];
+    char kernel[96], reason[1600], own[768], rejected[768];
     if (in->empty) {
         snprintf(kernel, sizeof kernel, "none");
         snprintf(reason, sizeof reason, "empty problem (batch or seqlen_q is 0): nothing runs");
