@@ -13,6 +13,12 @@
 #   check     only the GPU parity sweep, tests/test_gpu_parity.py (parity.log): the fast first look
 #   sanitize  compute-sanitizer memcheck on the parity subset `-k quick` (memcheck.log)
 #   bench     benchmarks/bench.py --varlen (bench.json, bench.png, bench.log; RESULTS tables in results_tables.md)
+#   oldkernel the GPU parity and API tests again with FMHA_GPU_PREFILL_KERNEL=mma (the
+#             pre-Hopper tensor-core kernel for every prefill) (pytest_mma.log)
+#   compare   bench.py in separate processes, COMPARE_ROUNDS rounds (default 2), on: the tree
+#             at trees/old (made here before the call: `git archive <rev> | tar -x -C
+#             trees/old`; built in place), this tree with FMHA_GPU_PREFILL_KERNEL=mma, and
+#             this tree as installed; a table of median ours_ms per row and the ratios
 #   sweep     benchmarks/sweep_splits.py (sweep.json, sweep.log)
 #   cpubench  benchmarks/bench_cpu.py --threads 16 (bench_cpu.log)
 # BENCH_ARGS adds bench.py options (e.g. BENCH_ARGS="--set decode --reps 50").
@@ -53,7 +59,9 @@ if has check; then
 fi
 xdist=$(python3 -c "import xdist" 2>/dev/null && echo "-n 8")
 if has tests; then
-  python3 -m pytest -q -rs -p no:cacheprovider $xdist tests > "$OUT/pytest_all.log" 2>&1; note tests $? "$OUT/pytest_all.log"
+  # test_build.py (marked slow) rebuilds the package several times: CI runs it, not the device.
+  python3 -m pytest -q -rs -p no:cacheprovider $xdist -m "not slow" tests > "$OUT/pytest_all.log" 2>&1
+  note tests $? "$OUT/pytest_all.log"
   grep -E "FAILED|ERROR|passed|failed|skipped in" "$OUT/pytest_all.log" | tail -30
 fi
 if has gputests; then
@@ -61,12 +69,30 @@ if has gputests; then
     > "$OUT/pytest_gpu.log" 2>&1; note gputests $? "$OUT/pytest_gpu.log"
   grep -E "FAILED|ERROR|passed|failed|skipped in" "$OUT/pytest_gpu.log" | tail -15
 fi
+if has oldkernel; then
+  FMHA_GPU_PREFILL_KERNEL=mma python3 -m pytest -q -rs -p no:cacheprovider $xdist tests/test_gpu.py \
+    tests/test_gpu_parity.py tests/test_kvcache.py tests/test_splits.py > "$OUT/pytest_mma.log" 2>&1
+  note oldkernel $? "$OUT/pytest_mma.log"
+  grep -E "FAILED|ERROR|passed|failed|skipped in" "$OUT/pytest_mma.log" | tail -10
+fi
 if has sanitize; then
   # pytest exits 1 on a failed case; compute-sanitizer exits 3 when it found errors.
   compute-sanitizer --tool memcheck --error-exitcode 3 \
     python3 -m pytest -q -p no:cacheprovider tests/test_gpu_parity.py -k quick > "$OUT/memcheck.log" 2>&1
   note sanitize $? "$OUT/memcheck.log"
   grep -E "ERROR SUMMARY| in [0-9.]+s" "$OUT/memcheck.log" | tail -5
+  # the Hopper kernel's pipeline (mbarriers, named barriers) under all three tools, and the
+  # decode path's invalid device lengths under memcheck
+  for tool in memcheck racecheck synccheck; do
+    timeout 200 compute-sanitizer --tool $tool --error-exitcode 3 python3 -m pytest -q -p no:cacheprovider \
+      tests/test_gpu_sm90.py -k "gqa_ratios or packed_qkv" > "$OUT/sm90_$tool.log" 2>&1
+    note "sm90_$tool" $? "$OUT/sm90_$tool.log"
+    grep -E "ERROR SUMMARY|RACECHECK SUMMARY| in [0-9.]+s" "$OUT/sm90_$tool.log" | tail -2
+  done
+  compute-sanitizer --tool memcheck --error-exitcode 3 python3 -m pytest -q -p no:cacheprovider \
+    tests/test_gpu_decode_graph.py > "$OUT/decode_memcheck.log" 2>&1
+  note decode_memcheck $? "$OUT/decode_memcheck.log"
+  grep -E "ERROR SUMMARY| in [0-9.]+s" "$OUT/decode_memcheck.log" | tail -2
 fi
 if has cpubench; then
   python3 benchmarks/bench_cpu.py --threads 16 > "$OUT/bench_cpu.log" 2>&1; note cpubench $? "$OUT/bench_cpu.log"
@@ -75,6 +101,51 @@ fi
 if has sweep; then
   python3 benchmarks/sweep_splits.py --json "$OUT/sweep.json" > "$OUT/sweep.log" 2>&1; note sweep $? "$OUT/sweep.log"
   tail -20 "$OUT/sweep.log"
+fi
+if has compare; then
+  here=$(pwd)
+  if [ -d trees/old ]; then
+    (cd trees/old && FMHA_CUDA_ARCHS=90a python3 setup.py build_ext --inplace -q > "$OUT/build_old.log" 2>&1)
+    note build_old $? "$OUT/build_old.log"
+  fi
+  cfgs="mma auto"; [ -d trees/old ] && cfgs="old $cfgs"
+  for r in $(seq "${COMPARE_ROUNDS:-2}"); do
+    for cfg in $cfgs; do
+      pp=""; kern=auto
+      [ "$cfg" = old ] && pp="$here/trees/old/src"
+      [ "$cfg" = mma ] && kern=mma
+      # shellcheck disable=SC2086  # BENCH_ARGS is a list of options
+      (cd /tmp && FMHA_GPU_PREFILL_KERNEL=$kern PYTHONPATH="$pp" python3 "$here/benchmarks/bench.py" \
+         --no-check ${BENCH_ARGS:-} --json "$OUT/cmp_${cfg}_$r.json" > /dev/null 2>> "$OUT/compare.log")
+      note "compare_${cfg}_$r" $? "$OUT/compare.log"
+    done
+  done
+  python3 - "$OUT" $cfgs > "$OUT/compare.md" <<'PY'
+import glob, json, os, statistics, sys
+out, cfgs = sys.argv[1], sys.argv[2:]
+rows = {}
+for cfg in cfgs:
+    for path in sorted(glob.glob(os.path.join(out, f"cmp_{cfg}_*.json"))):
+        for row in json.load(open(path))["rows"]:
+            r = rows.setdefault(tuple(row["shape"]), {})
+            r.setdefault(cfg, []).append(row["ours_ms"])
+            if cfg == cfgs[-1]:
+                r["kernel"] = row.get("kernel", "")
+                for peer in ("cudnn", "flash"):
+                    if row.get(peer + "_ms"):
+                        r.setdefault(peer, []).append(row[peer + "_ms"])
+med = lambda xs: statistics.median(xs) if xs else None
+head = "| shape | " + " | ".join(f"{c} ms" for c in cfgs) + " | cuDNN ms | FA2 ms | " + \
+       " | ".join(f"{c}/{cfgs[0]}" for c in cfgs[1:]) + f" | {cfgs[-1]} vs cuDNN | kernel ({cfgs[-1]}) |"
+print(head); print("|" + "---|" * (head.count("|") - 1))
+for shape, r in rows.items():
+    m = {c: med(r.get(c, [])) for c in cfgs}
+    cu, fa = med(r.get("cudnn", [])), med(r.get("flash", []))
+    f = lambda x, s=".4f": format(x, s) if x else "-"
+    ratios = " | ".join(f(m[c] / m[cfgs[0]], ".3f") if m[c] and m[cfgs[0]] else "-" for c in cfgs[1:])
+    vs = f(cu / m[cfgs[-1]], ".3f") + "x" if cu and m[cfgs[-1]] else "-"
+    print(f"| {shape} | " + " | ".join(f(m[c]) for c in cfgs) + f" | {f(cu)} | {f(fa)} | {ratios} | {vs} | {r.get('kernel', '')} |")
+PY
 fi
 if has bench; then
   # shellcheck disable=SC2086  # BENCH_ARGS is a list of options
@@ -85,4 +156,5 @@ if has bench; then
 fi
 echo "stages: ${summary[*]:-none}"
 has bench && cat "$OUT/bench.log"
+has compare && cat "$OUT/compare.md"
 exit $status
