@@ -6,7 +6,7 @@ CuPy arrays, picks the caller's current stream and allocates the outputs with
 the caller's own library, so results come back as the caller's kind of array.
 torch and CuPy are imported only when the caller's objects come from them.
 It also owns the checks made once at import (the extension's version, the
-FMHA_NUM_THREADS / FMHA_CPU_SIMD settings), the refusal of torch tensors that
+FMHA_NUM_THREADS / FMHA_CPU_SIMD / FMHA_GPU_PREFILL_KERNEL settings), the refusal of torch tensors that
 require grad under grad mode, and the public functions' signatures.
 
     out, lse = fmha_native.forward(q, k, v, causal=True, num_splits=0)
@@ -51,9 +51,10 @@ __all__ = ["FmhaError", "Tensor", "combine", "explain", "forward", "info", "refe
 
 # ---------------------------------------------------------------------------
 # Run-time environment: FMHA_NUM_THREADS and FMHA_CPU_SIMD are read by the C side
-# (csrc/cpu_pool.c, csrc/cpu_fwd.c) at the CPU backend's first use, with the rules
-# below; a value they cannot honour is replaced there silently, so it is reported
-# here, at import, as a RuntimeWarning that names what is used instead.
+# (csrc/cpu_pool.c, csrc/cpu_fwd.c) at the CPU backend's first use, and
+# FMHA_GPU_PREFILL_KERNEL (csrc/gpu.c) at the first GPU plan, with the rules below; a
+# value they cannot honour is replaced there silently, so it is reported here, at
+# import, as a RuntimeWarning that names what is used instead.
 # ---------------------------------------------------------------------------
 
 # Pool threads per online CPU at most, and overall (csrc/cpu_pool.c has the same
@@ -61,6 +62,8 @@ __all__ = ["FmhaError", "Tensor", "combine", "explain", "forward", "info", "refe
 _THREADS_PER_CPU_CAP = 4
 _THREADS_HARD_CAP = 1024
 _SIMD_NAMES = ("auto", "scalar", "avx2", "avx512")
+# The names csrc/gpu.c (fmha_gpu_prefill_choice) knows; any other value means auto.
+_PREFILL_KERNEL_NAMES = ("auto", "mma", "sm90")
 
 
 def _online_cpus():
@@ -92,6 +95,11 @@ def _environment_problems(environ):
     if simd and simd not in _SIMD_NAMES:
         problems.append(f"FMHA_CPU_SIMD={simd!r} is not one of {', '.join(_SIMD_NAMES)}; using "
                         "auto (the best SIMD path this CPU has)")
+    kernel = environ.get("FMHA_GPU_PREFILL_KERNEL", "")
+    if kernel and kernel not in _PREFILL_KERNEL_NAMES:
+        problems.append(f"FMHA_GPU_PREFILL_KERNEL={kernel!r} is not one of "
+                        f"{', '.join(_PREFILL_KERNEL_NAMES)}; using auto (the planner picks the "
+                        "prefill kernel for the device)")
     return problems
 
 

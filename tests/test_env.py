@@ -1,5 +1,6 @@
 """Run-time environment variables: FMHA_NUM_THREADS and FMHA_CPU_SIMD values the CPU
-backend cannot take as given are replaced, and `import fmha_native` says so with a
+backend cannot take as given, and FMHA_GPU_PREFILL_KERNEL values the GPU planner does not
+know, are replaced, and `import fmha_native` says so with a
 RuntimeWarning naming what is used instead.  Each value runs in its own process (the
 C side reads the variables once per process)."""
 import json
@@ -29,7 +30,8 @@ print(json.dumps({"threads": info["cpu_threads"], "simd": info["cpu_simd"],
 
 
 def _run(**env_vars):
-    env = {k: v for k, v in os.environ.items() if k not in ("FMHA_NUM_THREADS", "FMHA_CPU_SIMD")}
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("FMHA_NUM_THREADS", "FMHA_CPU_SIMD", "FMHA_GPU_PREFILL_KERNEL")}
     env.update(env_vars)
     package_parent = os.path.dirname(os.path.dirname(os.path.abspath(fmha_native.__file__)))
     env["PYTHONPATH"] = os.pathsep.join([package_parent, env.get("PYTHONPATH", "")])
@@ -95,3 +97,18 @@ def test_cpu_simd_known_names_are_quiet(default_simd):
         got = _run(FMHA_CPU_SIMD=name)
         assert got["warnings"] == []
         assert got["simd"] in ("scalar", "avx2", name)
+
+
+@pytest.mark.parametrize("value", ["SM90", "hopper", "wgmma", "mma ", "1"])
+def test_gpu_prefill_kernel_unknown_warns_auto(value):
+    got = _run(FMHA_GPU_PREFILL_KERNEL=value)
+    assert len(got["warnings"]) == 1, got
+    category, message = got["warnings"][0]
+    assert category == "RuntimeWarning"
+    assert "FMHA_GPU_PREFILL_KERNEL" in message and repr(value) in message
+    assert "using auto" in message
+
+
+@pytest.mark.parametrize("value", ["auto", "mma", "sm90", ""])
+def test_gpu_prefill_kernel_known_names_are_quiet(value):
+    assert _run(FMHA_GPU_PREFILL_KERNEL=value)["warnings"] == []
