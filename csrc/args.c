@@ -67,21 +67,32 @@ static int conv_scale(PyObject *obj, void *addr)
     return 1;
 }
 
-static int conv_num_splits(PyObject *obj, void *addr)
+/* An int argument (bool and float refused) as *v, with *overflow as
+ * PyLong_AsLongLongAndOverflow sets it; the TypeError says "<name> must be
+ * <expected>".  1, or 0 with an exception set. */
+static int index_value(PyObject *obj, const char *name, const char *expected, long long *v,
+                       int *overflow)
 {
-    int *out = addr;
     if (PyBool_Check(obj) || PyFloat_Check(obj) || !PyIndex_Check(obj)) {
-        PyErr_Format(PyExc_TypeError, "num_splits must be an int (0 = heuristic), got %.200s",
+        PyErr_Format(PyExc_TypeError, "%s must be %s, got %.200s", name, expected,
                      Py_TYPE(obj)->tp_name);
         return 0;
     }
     PyObject *index = PyNumber_Index(obj);
     if (!index)
         return 0;
-    int overflow = 0;
-    long long v = PyLong_AsLongLongAndOverflow(index, &overflow);
+    *overflow = 0;
+    *v = PyLong_AsLongLongAndOverflow(index, overflow);
     Py_DECREF(index);
-    if (v == -1 && PyErr_Occurred())
+    return !(*v == -1 && PyErr_Occurred());
+}
+
+static int conv_num_splits(PyObject *obj, void *addr)
+{
+    int *out = addr;
+    long long v;
+    int overflow;
+    if (!index_value(obj, "num_splits", "an int (0 = heuristic)", &v, &overflow))
         return 0;
     if (overflow < 0 || (!overflow && v < 0)) {
         PyErr_Format(PyExc_ValueError, "num_splits must be >= 0 (0 = heuristic), got %R", obj);
@@ -152,18 +163,9 @@ static int conv_max_seqlen_k(PyObject *obj, void *addr)
     out->given = 0;
     if (obj == Py_None)
         return 1;
-    if (PyBool_Check(obj) || PyFloat_Check(obj) || !PyIndex_Check(obj)) {
-        PyErr_Format(PyExc_TypeError, "max_seqlen_k must be an int or None, got %.200s",
-                     Py_TYPE(obj)->tp_name);
-        return 0;
-    }
-    PyObject *index = PyNumber_Index(obj);
-    if (!index)
-        return 0;
-    int overflow = 0;
-    long long v = PyLong_AsLongLongAndOverflow(index, &overflow);
-    Py_DECREF(index);
-    if (v == -1 && PyErr_Occurred())
+    long long v;
+    int overflow;
+    if (!index_value(obj, "max_seqlen_k", "an int or None", &v, &overflow))
         return 0;
     out->given = 1;
     /* Out of range either way: validate.c names the range. */
