@@ -210,6 +210,8 @@ static PyObject *device_tensor_dlpack(PyObject *self_obj, PyObject *args, PyObje
             return NULL;
         }
     }
+    /* The consumer reads on stream (None: the default stream; -1: it asks for no wait). */
+    int wait;
     if (stream != Py_None) {
         if (!PyLong_Check(stream) || PyBool_Check(stream)) {
             PyErr_SetString(PyExc_TypeError, "stream must be an integer or None");
@@ -218,24 +220,19 @@ static PyObject *device_tensor_dlpack(PyObject *self_obj, PyObject *args, PyObje
         long long s = PyLong_AsLongLong(stream);
         if (s == -1 && PyErr_Occurred())
             return NULL;
-        if (s != FMHA_DLPACK_NO_SYNC_STREAM) {
-            if (s < 0 || (s == 0 && !fmha_dlpack_platform_is_hip())) {
-                PyErr_SetString(PyExc_ValueError, "stream must be -1, a stream handle or 1 or 2 "
-                                "(CUDA forbids 0)");
-                return NULL;
-            }
-            if (!same_stream((uintptr_t)s, (uintptr_t)self->ready_stream)) {
-                /* No cross-stream events in our ABI: wait on the host instead. */
-                fmha_status st;
-                Py_BEGIN_ALLOW_THREADS
-                st = fmha_gpu_stream_sync(self->device, self->ready_stream);
-                Py_END_ALLOW_THREADS
-                if (raise_export_status(self_obj, st) < 0)
-                    return NULL;
-            }
+        if (s != FMHA_DLPACK_NO_SYNC_STREAM &&
+            (s < 0 || (s == 0 && !fmha_dlpack_platform_is_hip()))) {
+            PyErr_SetString(PyExc_ValueError, "stream must be -1, a stream handle or 1 or 2 "
+                            "(CUDA forbids 0)");
+            return NULL;
         }
-    } else if (!same_stream((uintptr_t)self->ready_stream, 0)) {
-        /* None means the consumer uses the default stream. */
+        wait = s != FMHA_DLPACK_NO_SYNC_STREAM &&
+               !same_stream((uintptr_t)s, (uintptr_t)self->ready_stream);
+    } else {
+        wait = !same_stream((uintptr_t)self->ready_stream, 0);
+    }
+    if (wait) {
+        /* No cross-stream events in our ABI: wait on the host instead. */
         fmha_status st;
         Py_BEGIN_ALLOW_THREADS
         st = fmha_gpu_stream_sync(self->device, self->ready_stream);
