@@ -28,12 +28,17 @@
 /* log2(e): the kernels compute exp(x) as exp2(x * log2(e)). */
 static const double fmha_log2e = 1.4426950408889634;
 
-/* Allocate an output where the inputs live and view it for writing; like
- * (or NULL) lends a NumPy output its dtype object. */
-static PyObject *new_output(const fmha_module_state *st, fmha_open_ctx *ctx,
-                            const fmha_tensor *like, int on_gpu, int device, int ndim,
-                            const int64_t *shape, fmha_elem elem, fmha_tensor *view)
+/* The output a call returns, as a new reference: the caller's (given; already
+ * opened as view), or else one allocated where the inputs live and viewed for
+ * writing; like (or NULL) lends a NumPy output its dtype object. */
+static PyObject *take_output(const fmha_module_state *st, fmha_open_ctx *ctx, PyObject *given,
+                             const fmha_tensor *like, int on_gpu, int device, int ndim,
+                             const int64_t *shape, fmha_elem elem, fmha_tensor *view)
 {
+    if (given != Py_None) {
+        Py_INCREF(given);
+        return given;
+    }
     PyObject *obj = on_gpu ? fmha_device_tensor_new(st, device, ctx->stream, ndim, shape, elem)
                            : fmha_host_array_new(like, ndim, shape, elem);
     if (!obj)
@@ -170,6 +175,17 @@ static void planned_layout(const fmha_tensor *t, int compact, const void **ptr, 
     }
 }
 
+/* What the planner is told about backend (the GPU: the call's device). */
+static void fill_target(const fmha_fwd_call *c, fmha_backend backend, fmha_target *target)
+{
+    memset(target, 0, sizeof *target);
+    target->backend = backend;
+    target->num_threads = fmha_cpu_num_threads();
+    target->device = backend == FMHA_BACKEND_GPU ? c->dev_info : NULL;
+    target->gpu_compiled = fmha_gpu_compiled();
+    target->prefill = fmha_gpu_prefill_choice();
+}
+
 /*
  * Plan for one backend on the layout the backend will get once memory is
  * placed, so that the one plan made before placement is the plan that runs
@@ -182,12 +198,7 @@ static void planned_layout(const fmha_tensor *t, int compact, const void **ptr, 
 static fmha_status plan_for(const fmha_fwd_call *c, fmha_backend backend, fmha_plan *plan)
 {
     fmha_target target;
-    memset(&target, 0, sizeof target);
-    target.backend = backend;
-    target.num_threads = fmha_cpu_num_threads();
-    target.device = backend == FMHA_BACKEND_GPU ? c->dev_info : NULL;
-    target.gpu_compiled = fmha_gpu_compiled();
-    target.prefill = fmha_gpu_prefill_choice();
+    fill_target(c, backend, &target);
     fmha_fwd_params planned = c->p;
     fmha_fwd_params *p = &planned;
     const fmha_fwd_views *t = &c->t;
@@ -265,15 +276,8 @@ static int fwd_plan(fmha_module_state *st, fmha_fwd_call *c)
 static fmha_explain_input explain_input(const fmha_fwd_call *c, fmha_target *target,
                                         fmha_target *gpu_target)
 {
-    memset(target, 0, sizeof *target);
-    target->backend = c->backend;
-    target->num_threads = fmha_cpu_num_threads();
-    target->device = c->backend == FMHA_BACKEND_GPU ? c->dev_info : NULL;
-    target->gpu_compiled = fmha_gpu_compiled();
-    target->prefill = fmha_gpu_prefill_choice();
-    *gpu_target = *target;
-    gpu_target->backend = FMHA_BACKEND_GPU;
-    gpu_target->device = c->dev_info;
+    fill_target(c, c->backend, target);
+    fill_target(c, FMHA_BACKEND_GPU, gpu_target);
     fmha_explain_input in = {
         .p = &c->p, .target = target, .plan = &c->plan,
         .plan_ok = c->plan_status == FMHA_OK, .requested_splits = c->a.num_splits,
@@ -304,21 +308,13 @@ static int fwd_outputs(fmha_module_state *st, fmha_fwd_call *c)
 {
     int on_gpu = c->t.q.on_gpu;
     int64_t lse_shape[3] = {c->p.batch, c->p.heads_q, c->p.seqlen_q};
-    if (c->a.out != Py_None) {
-        Py_INCREF(c->a.out);
-        c->out_obj = c->a.out;
-    } else if (!(c->out_obj = new_output(st, &c->ctx, &c->t.q, on_gpu, c->gpu_device, 4,
-                                         c->t.q.shape, c->t.q.elem, &c->t.out))) {
+    if (!(c->out_obj = take_output(st, &c->ctx, c->a.out, &c->t.q, on_gpu, c->gpu_device, 4,
+                                   c->t.q.shape, c->t.q.elem, &c->t.out)))
         return -1;
-    }
-    if (c->a.lse != Py_None) {
-        Py_INCREF(c->a.lse);
-        c->lse_obj = c->a.lse;
-    } else if (c->a.return_lse &&
-               !(c->lse_obj = new_output(st, &c->ctx, NULL, on_gpu, c->gpu_device, 3, lse_shape,
-                                         FMHA_ELEM_F32, &c->t.lse))) {
+    if ((c->a.lse != Py_None || c->a.return_lse) &&
+        !(c->lse_obj = take_output(st, &c->ctx, c->a.lse, NULL, on_gpu, c->gpu_device, 3,
+                                   lse_shape, FMHA_ELEM_F32, &c->t.lse)))
         return -1;
-    }
     return 0;
 }
 
@@ -562,20 +558,11 @@ PyObject *fmha_call_combine(PyObject *module, PyObject *const *args, Py_ssize_t 
     int64_t batch = t.outs.shape[1], seqlen_q = t.outs.shape[2], heads = t.outs.shape[3];
     int64_t out_shape[4] = {batch, seqlen_q, heads, t.outs.shape[4]};
     int64_t lse_shape[3] = {batch, heads, seqlen_q};
-    if (a.out != Py_None) {
-        Py_INCREF(a.out);
-        out_obj = a.out;
-    } else if (!(out_obj = new_output(st, &ctx, &t.outs, on_gpu, device, 4, out_shape,
-                                      t.outs.elem, &t.out))) {
+    if (!(out_obj = take_output(st, &ctx, a.out, &t.outs, on_gpu, device, 4, out_shape,
+                                t.outs.elem, &t.out)) ||
+        !(lse_obj = take_output(st, &ctx, a.lse, NULL, on_gpu, device, 3, lse_shape,
+                                FMHA_ELEM_F32, &t.lse)))
         goto done;
-    }
-    if (a.lse != Py_None) {
-        Py_INCREF(a.lse);
-        lse_obj = a.lse;
-    } else if (!(lse_obj = new_output(st, &ctx, NULL, on_gpu, device, 3, lse_shape,
-                                      FMHA_ELEM_F32, &t.lse))) {
-        goto done;
-    }
 
     if (batch * seqlen_q * heads > 0) {
         if (fmha_tensor_host_prepare(&t.outs, 1, 1) < 0 ||
