@@ -281,7 +281,7 @@ static fmha_explain_input explain_input(const fmha_fwd_call *c, fmha_target *tar
     fmha_explain_input in = {
         .p = &c->p, .target = target, .plan = &c->plan,
         .plan_ok = c->plan_status == FMHA_OK, .requested_splits = c->a.num_splits,
-        .dtype_name = fmha_elem_name(c->t.q.elem), .kv_cache = c->t.seqlens.present,
+        .kv_cache = c->t.seqlens.present,
         .inputs_on_host = !c->t.q.on_gpu, .device_ordinal = c->gpu_device,
         .gpu_rejected = c->gpu_rejected ? &c->gpu_plan : NULL,
         .gpu_rejected_target = c->gpu_rejected ? gpu_target : NULL, .empty = c->empty,

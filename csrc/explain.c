@@ -402,7 +402,7 @@ PyObject *fmha_explain_dict(const fmha_explain_input *in)
         fmha_dict_set(d, "heads_q", PyLong_FromLongLong(p->heads_q)) < 0 ||
         fmha_dict_set(d, "heads_kv", PyLong_FromLongLong(p->heads_kv)) < 0 ||
         fmha_dict_set(d, "head_dim", PyLong_FromLongLong(p->head_dim)) < 0 ||
-        fmha_dict_set(d, "dtype", PyUnicode_FromString(in->dtype_name)) < 0 ||
+        fmha_dict_set(d, "dtype", PyUnicode_FromString(dtype_name(p->dtype))) < 0 ||
         fmha_dict_set(d, "causal", PyBool_FromLong(p->causal)) < 0 ||
         fmha_dict_set(d, "softmax_scale", PyFloat_FromDouble(p->softmax_scale)) < 0 ||
         fmha_dict_set(d, "kv_cache", PyBool_FromLong(in->kv_cache)) < 0 ||
@@ -663,7 +663,7 @@ PyObject *fmha_explain_plan_for_device(PyObject *module, PyObject *args, PyObjec
     fmha_status status = fmha_plan_make(&p, &target, num_splits, &plan);
     fmha_explain_input in = {
         .p = &p, .target = &target, .plan = &plan, .plan_ok = status == FMHA_OK,
-        .requested_splits = num_splits, .dtype_name = dtype, .kv_cache = lens != NULL,
+        .requested_splits = num_splits, .kv_cache = lens != NULL,
         .inputs_on_host = 1, .device_ordinal = 0, /* described as host arrays */
     };
     PyObject *d = fmha_explain_dict(&in);

@@ -22,7 +22,6 @@ typedef struct fmha_explain_input {
     const fmha_plan *plan;          /* the plan; ignored when `empty` */
     int plan_ok;                    /* the plan's status was FMHA_OK */
     int requested_splits;           /* the caller's num_splits (0 = heuristic) */
-    const char *dtype_name;         /* of q, in the user's terms ("float16") */
     int kv_cache;                   /* cache_seqlens was given */
     int inputs_on_host;             /* GPU plans: q was a host array (copied to the GPU) */
     int device_ordinal;             /* GPU plans */
