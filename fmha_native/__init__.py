@@ -219,6 +219,16 @@ def _forward_outputs(q, kw, empty, float32):
         kw["lse"] = empty((batch, heads_q, seqlen_q), float32)
 
 
+def _combine_outputs(outs, kw, empty, float32):
+    """Allocate out (outs' dtype, [batch, seqlen_q, heads, head_dim]) and lse (float32
+    [batch, heads, seqlen_q]) where kw has none; empty as for _forward_outputs."""
+    _, batch, seqlen_q, heads, head_dim = outs.shape
+    if kw.get("out") is None:
+        kw["out"] = empty((batch, seqlen_q, heads, head_dim), outs.dtype)
+    if kw.get("lse") is None:
+        kw["lse"] = empty((batch, heads, seqlen_q), float32)
+
+
 def _prepare(lib, q, k, v, kw, allocate):
     """Common glue of forward/explain for torch or CuPy q: (context or None, q, k, v, kw)."""
     kw = dict(kw)
@@ -319,22 +329,15 @@ def combine(outs, lses, **kw):
         if outs.dim() == 5:
             ctx, kw = _torch_context(outs, kw)
             torch = _torch
-            g, batch, seqlen_q, heads, head_dim = outs.shape
-            if kw.get("out") is None:
-                kw["out"] = torch.empty((batch, seqlen_q, heads, head_dim), dtype=outs.dtype,
-                                        device=outs.device)
-            if kw.get("lse") is None:
-                kw["lse"] = torch.empty((batch, heads, seqlen_q), dtype=torch.float32,
-                                        device=outs.device)
+            _combine_outputs(outs, kw, lambda shape, dtype: torch.empty(shape, dtype=dtype,
+                                                                        device=outs.device),
+                             torch.float32)
     elif lib == "cupy" and outs.ndim == 5:
         import cupy
 
         ctx, kw = _cupy_context(outs, dict(kw))
-        g, batch, seqlen_q, heads, head_dim = outs.shape
-        if kw.get("out") is None:
-            kw["out"] = cupy.empty((batch, seqlen_q, heads, head_dim), dtype=outs.dtype)
-        if kw.get("lse") is None:
-            kw["lse"] = cupy.empty((batch, heads, seqlen_q), dtype=cupy.float32)
+        _combine_outputs(outs, kw, lambda shape, dtype: cupy.empty(shape, dtype=dtype),
+                         cupy.float32)
     if ctx is None:
         return _C.combine(outs, lses, **kw)
     with ctx:
