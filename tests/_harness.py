@@ -6,6 +6,9 @@ device="cpu"; torch CUDA tensors, or NumPy with device="gpu", for the GPU), and 
 the float64 view of the result with fmha_native.reference on the same rounded inputs.
 """
 import math
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -205,3 +208,36 @@ def check_forward(backend, q, k, v, dtype, lse_rtol=0.0, **kw):
 
 def key_blocks(seqlen_k, block_n):
     return max(1, math.ceil(seqlen_k / block_n))
+
+
+def run_python(args, env_vars=None, drop=(), timeout=120):
+    """subprocess.run of `python *args` in a fresh interpreter that imports the same
+    fmha_native these tests import (its parent folder is first on PYTHONPATH and the
+    working directory); the environment is this one without the variables in drop,
+    with env_vars set."""
+    env = {k: v for k, v in os.environ.items() if k not in drop}
+    env.update(env_vars or {})
+    package_parent = os.path.dirname(os.path.dirname(os.path.abspath(fmha_native.__file__)))
+    env["PYTHONPATH"] = os.pathsep.join([package_parent, env.get("PYTHONPATH", "")])
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, env=env,
+                          cwd=package_parent, timeout=timeout)
+
+
+class DLPackOnly:
+    """Exposes an array through __dlpack__/__dlpack_device__ only (no buffer protocol),
+    forwarding max_version, so a versioned capsule is produced when asked for; calls
+    counts the __dlpack__ calls."""
+
+    def __init__(self, array):
+        self._array = array
+        self.calls = 0
+
+    def __dlpack__(self, *, stream=None, max_version=None, dl_device=None, copy=None):
+        self.calls += 1
+        kw = {"stream": stream}
+        if max_version is not None:
+            kw["max_version"] = max_version
+        return self._array.__dlpack__(**kw)
+
+    def __dlpack_device__(self):
+        return self._array.__dlpack_device__()

@@ -4,15 +4,12 @@ process) and explain()'s length_independent field for host lengths.  Device leng
 themselves (no syncs, CUDA-graph replay, bad lengths giving NaN rows) are tested on a
 GPU in tests/test_gpu_decode_graph.py."""
 import json
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
 import fmha_native
-from _harness import bits, make_qkv, randn
+from _harness import bits, make_qkv, randn, run_python
 
 CAPACITY = 64
 
@@ -103,13 +100,8 @@ print(json.dumps(res))
 
 
 def _run(env_value):
-    env = {k: v for k, v in os.environ.items() if k != "FMHA_VALIDATE"}
-    if env_value is not None:
-        env["FMHA_VALIDATE"] = env_value
-    package_parent = os.path.dirname(os.path.dirname(os.path.abspath(fmha_native.__file__)))
-    env["PYTHONPATH"] = os.pathsep.join([package_parent, env.get("PYTHONPATH", "")])
-    res = subprocess.run([sys.executable, "-c", _SCRIPT], capture_output=True, text=True,
-                         env=env, cwd=package_parent, timeout=120)
+    env_vars = {} if env_value is None else {"FMHA_VALIDATE": env_value}
+    res = run_python(["-c", _SCRIPT], env_vars, drop=("FMHA_VALIDATE",))
     assert res.returncode == 0, res.stderr
     return json.loads(res.stdout.strip().splitlines()[-1])
 

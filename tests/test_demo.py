@@ -1,21 +1,15 @@
 """`python -m fmha_native` runs, checks itself against the reference and says so."""
-import os
 import re
-import subprocess
-import sys
 
 import pytest
 
 import fmha_native
+from _harness import run_python
 
 
 def _run_demo(*args):
-    env = dict(os.environ)
     # The child must import the same fmha_native the tests import.
-    package_parent = os.path.dirname(os.path.dirname(os.path.abspath(fmha_native.__file__)))
-    env["PYTHONPATH"] = os.pathsep.join([package_parent, env.get("PYTHONPATH", "")])
-    return subprocess.run([sys.executable, "-m", "fmha_native", *args], capture_output=True,
-                          text=True, env=env, cwd=package_parent, timeout=300)
+    return run_python(["-m", "fmha_native", *args], timeout=300)
 
 
 def test_demo_cpu_small():

@@ -9,26 +9,7 @@ import pytest
 
 import fmha_native
 from fmha_native import reference
-from _harness import as_f64, assert_close, bits, make_qkv, np_dtype
-
-
-class DLPackOnly:
-    """Exposes an array through __dlpack__/__dlpack_device__ only (no buffer protocol),
-    forwarding max_version, so a versioned capsule is produced when asked for."""
-
-    def __init__(self, array):
-        self._array = array
-        self.calls = 0
-
-    def __dlpack__(self, *, stream=None, max_version=None, dl_device=None, copy=None):
-        self.calls += 1
-        kw = {"stream": stream}
-        if max_version is not None:
-            kw["max_version"] = max_version
-        return self._array.__dlpack__(**kw)
-
-    def __dlpack_device__(self):
-        return self._array.__dlpack_device__()
+from _harness import DLPackOnly, as_f64, assert_close, bits, make_qkv, np_dtype
 
 
 class LegacyDLPack:

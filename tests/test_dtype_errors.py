@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import fmha_native
+from _harness import DLPackOnly
 
 try:
     import ml_dtypes
@@ -153,22 +154,6 @@ def test_memoryview_q(dtype, name):
 
 
 # ---- DLPack -----------------------------------------------------------------------
-
-class DLPackOnly:
-    """An array seen only through __dlpack__/__dlpack_device__."""
-
-    def __init__(self, array):
-        self._array = array
-
-    def __dlpack__(self, *, stream=None, max_version=None, dl_device=None, copy=None):
-        kw = {"stream": stream}
-        if max_version is not None:
-            kw["max_version"] = max_version
-        return self._array.__dlpack__(**kw)
-
-    def __dlpack_device__(self):
-        return self._array.__dlpack_device__()
-
 
 @pytest.mark.parametrize("dtype,name", [(np.float64, "float64"), (np.int64, "int64"),
                                         (np.int8, "int8"), (np.uint16, "uint16"),

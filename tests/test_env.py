@@ -5,12 +5,10 @@ RuntimeWarning naming what is used instead.  Each value runs in its own process 
 C side reads the variables once per process)."""
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 
-import fmha_native
+from _harness import run_python
 
 # The rules the README states: a whole number of threads >= 1, at most 4 per online CPU
 # (and 1024 overall); SIMD names auto, scalar, avx2, avx512.
@@ -30,13 +28,8 @@ print(json.dumps({"threads": info["cpu_threads"], "simd": info["cpu_simd"],
 
 
 def _run(**env_vars):
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("FMHA_NUM_THREADS", "FMHA_CPU_SIMD", "FMHA_GPU_PREFILL_KERNEL")}
-    env.update(env_vars)
-    package_parent = os.path.dirname(os.path.dirname(os.path.abspath(fmha_native.__file__)))
-    env["PYTHONPATH"] = os.pathsep.join([package_parent, env.get("PYTHONPATH", "")])
-    res = subprocess.run([sys.executable, "-c", _SCRIPT], capture_output=True, text=True,
-                         env=env, cwd=package_parent, timeout=120)
+    res = run_python(["-c", _SCRIPT], env_vars, drop=(
+        "FMHA_NUM_THREADS", "FMHA_CPU_SIMD", "FMHA_GPU_PREFILL_KERNEL"))
     assert res.returncode == 0, res.stderr
     return json.loads(res.stdout.strip().splitlines()[-1])
 
