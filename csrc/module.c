@@ -189,7 +189,7 @@ fail:
 PyDoc_STRVAR(forward_doc,
 "forward(q, k, v, *, causal=False, softmax_scale=None, num_splits=0, return_lse=True,\n"
 "        out=None, lse=None, device=None, stream=None, cache_seqlens=None, k_new=None,\n"
-"        v_new=None)\n"
+"        v_new=None, max_seqlen_k=None)\n"
 "--\n\n"
 "Attention forward: q [batch, seqlen_q, heads_q, head_dim], k and v\n"
 "[batch, seqlen_k, heads_kv, head_dim].  Returns (out, lse), or out when\n"

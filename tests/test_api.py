@@ -265,6 +265,15 @@ def test_signatures_show_the_keywords(name, positional, keywords):
         assert p.default == default and type(p.default) is type(default), p
 
 
+@pytest.mark.parametrize("name, positional, keywords", [
+    ("forward", ["q", "k", "v"], FORWARD_KEYWORDS),
+    ("combine", ["outs", "lses"], COMBINE_KEYWORDS)])
+def test_extension_docstring_signatures_show_the_keywords(name, positional, keywords):
+    """help(_fmha_native.forward) shows the signature its docstring states: every keyword."""
+    sig = inspect.signature(getattr(sys.modules["_fmha_native"], name))
+    assert list(sig.parameters) == positional + [k for k, _ in keywords]
+
+
 def _at_most(fn, *args):
     """The argument count the C function admits, from its too-many-arguments message."""
     with pytest.raises(TypeError) as info:
