@@ -34,6 +34,14 @@ def _run(**env_vars):
     return json.loads(res.stdout.strip().splitlines()[-1])
 
 
+def _one_runtime_warning(got):
+    """The message of the one FMHA_ warning the child saw, which must be a RuntimeWarning."""
+    assert len(got["warnings"]) == 1, got
+    category, message = got["warnings"][0]
+    assert category == "RuntimeWarning"
+    return message
+
+
 @pytest.fixture(scope="module")
 def default_simd():
     return _run()["simd"]
@@ -43,9 +51,7 @@ def default_simd():
 def test_num_threads_not_a_count_falls_back_to_online_cpus(value):
     got = _run(FMHA_NUM_THREADS=value)
     assert got["threads"] == ONLINE
-    assert len(got["warnings"]) == 1, got
-    category, message = got["warnings"][0]
-    assert category == "RuntimeWarning"
+    message = _one_runtime_warning(got)
     assert "FMHA_NUM_THREADS" in message and repr(value) in message
     assert f"using {ONLINE} threads" in message
 
@@ -54,9 +60,7 @@ def test_num_threads_not_a_count_falls_back_to_online_cpus(value):
 def test_num_threads_too_many_is_clamped(value):
     got = _run(FMHA_NUM_THREADS=value)
     assert got["threads"] == CAP
-    assert len(got["warnings"]) == 1, got
-    category, message = got["warnings"][0]
-    assert category == "RuntimeWarning"
+    message = _one_runtime_warning(got)
     assert f"using {CAP} threads" in message
 
 
@@ -75,9 +79,7 @@ def test_num_threads_empty_means_default():
 def test_cpu_simd_unknown_falls_back_to_auto(value, default_simd):
     got = _run(FMHA_CPU_SIMD=value)
     assert got["simd"] == default_simd
-    assert len(got["warnings"]) == 1, got
-    category, message = got["warnings"][0]
-    assert category == "RuntimeWarning"
+    message = _one_runtime_warning(got)
     assert repr(value) in message and "using auto" in message
 
 
@@ -95,9 +97,7 @@ def test_cpu_simd_known_names_are_quiet(default_simd):
 @pytest.mark.parametrize("value", ["SM90", "hopper", "wgmma", "mma ", "1"])
 def test_gpu_prefill_kernel_unknown_warns_auto(value):
     got = _run(FMHA_GPU_PREFILL_KERNEL=value)
-    assert len(got["warnings"]) == 1, got
-    category, message = got["warnings"][0]
-    assert category == "RuntimeWarning"
+    message = _one_runtime_warning(got)
     assert "FMHA_GPU_PREFILL_KERNEL" in message and repr(value) in message
     assert "using auto" in message
 
