@@ -243,18 +243,26 @@ int fmha_rows_aligned(const void *data, int64_t batch_stride, int64_t row_stride
            head_stride % align_elems == 0 && head_dim % align_elems == 0;
 }
 
+/* Whether q, k and v rows are aligned to `in` elements and out rows to `out`
+ * (2-byte elements, the GPU kernels' types). */
+static int qkvo_aligned(const fmha_fwd_params *p, int64_t in, int64_t out)
+{
+    const int64_t elem = FMHA_GPU_ELEM_BYTES;
+    return fmha_rows_aligned(p->q, p->q_batch_stride, p->q_row_stride, p->q_head_stride,
+                             p->head_dim, in, elem) &&
+           fmha_rows_aligned(p->k, p->k_batch_stride, p->k_row_stride, p->k_head_stride,
+                             p->head_dim, in, elem) &&
+           fmha_rows_aligned(p->v, p->v_batch_stride, p->v_row_stride, p->v_head_stride,
+                             p->head_dim, in, elem) &&
+           fmha_rows_aligned(p->out, p->o_batch_stride, p->o_row_stride, p->o_head_stride,
+                             p->head_dim, out, elem);
+}
+
 /* Whether no operand needs gpu.c's aligned copy (fmha.h: FMHA_GPU_ALIGN_*). */
 static int gpu_rows_aligned(const fmha_fwd_params *p)
 {
-    const int64_t in = FMHA_GPU_ALIGN_IN, out = FMHA_GPU_ALIGN_OUT, elem = FMHA_GPU_ELEM_BYTES;
-    int ok = fmha_rows_aligned(p->q, p->q_batch_stride, p->q_row_stride, p->q_head_stride,
-                               p->head_dim, in, elem) &&
-             fmha_rows_aligned(p->k, p->k_batch_stride, p->k_row_stride, p->k_head_stride,
-                               p->head_dim, in, elem) &&
-             fmha_rows_aligned(p->v, p->v_batch_stride, p->v_row_stride, p->v_head_stride,
-                               p->head_dim, in, elem) &&
-             fmha_rows_aligned(p->out, p->o_batch_stride, p->o_row_stride, p->o_head_stride,
-                               p->head_dim, out, elem);
+    const int64_t in = FMHA_GPU_ALIGN_IN, elem = FMHA_GPU_ELEM_BYTES;
+    int ok = qkvo_aligned(p, in, FMHA_GPU_ALIGN_OUT);
     if (p->k_new)
         ok = ok && fmha_rows_aligned(p->k_new, p->knew_batch_stride, p->knew_row_stride,
                                      p->knew_head_stride, p->head_dim, in, elem) &&
@@ -340,15 +348,8 @@ static void gpu_gate(const fmha_fwd_params *p, const fmha_target *t, fmha_plan *
  * base address and stride a multiple of 16 bytes. */
 static int sm90_tma_aligned(const fmha_fwd_params *p)
 {
-    const int64_t tma = 16 / FMHA_GPU_ELEM_BYTES, elem = FMHA_GPU_ELEM_BYTES;
-    return fmha_rows_aligned(p->q, p->q_batch_stride, p->q_row_stride, p->q_head_stride,
-                             p->head_dim, tma, elem) &&
-           fmha_rows_aligned(p->k, p->k_batch_stride, p->k_row_stride, p->k_head_stride,
-                             p->head_dim, tma, elem) &&
-           fmha_rows_aligned(p->v, p->v_batch_stride, p->v_row_stride, p->v_head_stride,
-                             p->head_dim, tma, elem) &&
-           fmha_rows_aligned(p->out, p->o_batch_stride, p->o_row_stride, p->o_head_stride,
-                             p->head_dim, tma, elem);
+    const int64_t tma = 16 / FMHA_GPU_ELEM_BYTES;
+    return qkvo_aligned(p, tma, tma);
 }
 
 /*
