@@ -394,6 +394,13 @@ static int64_t key_len(const fmha_fwd_params *p, int64_t b)
     return cached < 0 || cached > p->seqlen_k - p->seqlen_new ? -1 : cached + p->seqlen_new;
 }
 
+/* The query head of row `row` of a unit: packed units interleave their query heads
+ * row by row (the row's query index is row / job->pack). */
+static int64_t row_head(const fwd_job *job, int64_t unit, int64_t row)
+{
+    return job->pack > 1 ? unit * job->pack + row % job->pack : unit;
+}
+
 /* Final state of one row (its normalised fp32 values): out/lse, or the split's fp32 partial. */
 static void write_row(const fwd_job *job, const float *vals, float m, float l, int64_t b,
                       int64_t i, int64_t h, int64_t split)
@@ -445,17 +452,14 @@ static void fwd_item(void *ctx, int64_t item, int worker)
     int64_t b = item % p->batch;
     int64_t chunk = job->chunks - 1 - item / p->batch;
 
+    int64_t r0 = chunk * job->chunk_tiles * tr;
+    int64_t rows = min64(job->chunk_tiles * tr, job->unit_rows - r0);
     int64_t len = key_len(p, b);
     if (len < 0) {
-        int64_t r0 = chunk * job->chunk_tiles * tr;
-        int64_t rows = min64(job->chunk_tiles * tr, job->unit_rows - r0);
         for (int64_t d = 0; d < hd; d++)
             s.rows[d] = NAN;
-        for (int64_t row = r0; row < r0 + rows; row++) {
-            int64_t i = row / job->pack;
-            int64_t h = job->pack > 1 ? unit * job->pack + row % job->pack : unit;
-            write_row(job, s.rows, NAN, NAN, b, i, h, split);
-        }
+        for (int64_t row = r0; row < r0 + rows; row++)
+            write_row(job, s.rows, NAN, NAN, b, row / job->pack, row_head(job, unit, row), split);
         return;
     }
     int64_t nblk = ceil_div(len, bn);
@@ -465,8 +469,6 @@ static void fwd_item(void *ctx, int64_t item, int worker)
     int64_t causal_shift = len - p->seqlen_q; /* row i sees key j iff j <= i + causal_shift */
     int64_t kvh = job->pack > 1 ? unit : unit / job->group;
 
-    int64_t r0 = chunk * job->chunk_tiles * tr;
-    int64_t rows = min64(job->chunk_tiles * tr, job->unit_rows - r0);
     int64_t tiles = ceil_div(rows, tr);
     int64_t chunk_hi = INT64_MIN;
     size_t es = dtype_size(p->dtype);
@@ -481,7 +483,7 @@ static void fwd_item(void *ctx, int64_t item, int worker)
                 continue;
             }
             int64_t i = row / job->pack;
-            int64_t h = job->pack > 1 ? unit * job->pack + row % job->pack : unit;
+            int64_t h = row_head(job, unit, row);
             int64_t off = b * p->q_batch_stride + i * p->q_row_stride + h * p->q_head_stride;
             kern->widen(s.rows + r * hd, 0, (const unsigned char *)p->q + (size_t)off * es, 1, 0,
                         hd, p->dtype);
@@ -544,7 +546,7 @@ static void fwd_item(void *ctx, int64_t item, int worker)
         for (int64_t r = 0; r < tr && t * tr + r < rows; r++) {
             int64_t row = r0 + t * tr + r;
             int64_t i = row / job->pack;
-            int64_t h = job->pack > 1 ? unit * job->pack + row % job->pack : unit;
+            int64_t h = row_head(job, unit, row);
             write_row(job, s.rows + r * hd, s.m[t * tr + r], s.l[t * tr + r], b, i, h, split);
         }
     }
