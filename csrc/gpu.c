@@ -19,8 +19,10 @@
 /*
  * FMHA_GPU_PREFILL_KERNEL=mma|sm90|auto: which prefill kernel GPU plans may
  * take (fmha_prefill_choice), so the old kernel stays selectable for
- * comparisons in one process.  Read once; every thread that races here reads
- * the same variable and stores the same answer.
+ * comparisons in one process.  Any other value means auto;
+ * fmha_native/__init__.py warns about it (keep the names in step with its
+ * _PREFILL_KERNEL_NAMES).  Read once; every thread that races here reads the
+ * same variable and stores the same answer.
  */
 fmha_prefill_choice fmha_gpu_prefill_choice(void)
 {
