@@ -157,6 +157,15 @@ static void strides3(const fmha_tensor *t, int64_t *batch, int64_t *row, int64_t
     *head = t->strides[2];
 }
 
+/* The params' lse pointer and strides: t's own memory. */
+static void lse_layout(const fmha_tensor *t, fmha_fwd_params *p)
+{
+    p->lse = t->data;
+    p->lse_batch_stride = t->strides[0];
+    p->lse_head_stride = t->strides[1];
+    p->lse_row_stride = t->strides[2];
+}
+
 /* Pointer and strides the backend will see for t: its own memory, or (when
  * staged or allocated by us) a compact buffer, whose allocation is aligned
  * for any vector access and whose address is not known yet (NULL stands for
@@ -215,12 +224,8 @@ static fmha_status plan_for(const fmha_fwd_call *c, fmha_backend backend, fmha_p
     planned_layout(out, !t->out.present || (gpu && !t->out.on_gpu), &out_ptr,
                    &p->o_batch_stride, &p->o_row_stride, &p->o_head_stride);
     p->out = (void *)(uintptr_t)out_ptr;
-    if (t->lse.present && !(gpu && !t->lse.on_gpu)) {
-        p->lse = t->lse.data;
-        p->lse_batch_stride = t->lse.strides[0];
-        p->lse_head_stride = t->lse.strides[1];
-        p->lse_row_stride = t->lse.strides[2];
-    }
+    if (t->lse.present && !(gpu && !t->lse.on_gpu))
+        lse_layout(&t->lse, p);
     if (c->append) {
         planned_layout(&t->k_new, gpu && !t->k_new.on_gpu, &p->k_new, &p->knew_batch_stride,
                        &p->knew_row_stride, &p->knew_head_stride);
@@ -369,16 +374,13 @@ static void fwd_fill_pointers(fmha_fwd_call *c)
     p->k = t->k.data;
     p->v = t->v.data;
     p->out = t->out.data;
-    p->lse = t->lse.present ? (float *)t->lse.data : NULL;
     strides3(&t->q, &p->q_batch_stride, &p->q_row_stride, &p->q_head_stride);
     strides3(&t->k, &p->k_batch_stride, &p->k_row_stride, &p->k_head_stride);
     strides3(&t->v, &p->v_batch_stride, &p->v_row_stride, &p->v_head_stride);
     strides3(&t->out, &p->o_batch_stride, &p->o_row_stride, &p->o_head_stride);
-    if (p->lse) {
-        p->lse_batch_stride = t->lse.strides[0];
-        p->lse_head_stride = t->lse.strides[1];
-        p->lse_row_stride = t->lse.strides[2];
-    }
+    p->lse = NULL;
+    if (t->lse.present)
+        lse_layout(&t->lse, p);
     p->seqlens_k = t->seqlens.present ? (const int32_t *)t->seqlens.data : NULL;
     if (c->append) {
         p->k_new = t->k_new.data;
