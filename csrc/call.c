@@ -285,7 +285,7 @@ static fmha_explain_input explain_input(const fmha_fwd_call *c, fmha_target *tar
     fill_target(c, FMHA_BACKEND_GPU, gpu_target);
     fmha_explain_input in = {
         .p = &c->p, .target = target, .plan = &c->plan,
-        .plan_ok = c->plan_status == FMHA_OK, .requested_splits = c->a.num_splits,
+        .requested_splits = c->a.num_splits,
         .kv_cache = c->t.seqlens.present,
         .inputs_on_host = !c->t.q.on_gpu, .device_ordinal = c->gpu_device,
         .gpu_rejected = c->gpu_rejected ? &c->gpu_plan : NULL,

@@ -383,7 +383,7 @@ PyObject *fmha_explain_dict(const fmha_explain_input *in)
         }
     }
     if (fmha_dict_set(d, "backend", PyUnicode_FromString(gpu ? "gpu" : "cpu")) < 0 ||
-        fmha_dict_set(d, "supported", PyBool_FromLong(in->empty || in->plan_ok)) < 0 ||
+        fmha_dict_set(d, "supported", PyBool_FromLong(in->empty || plan->supported)) < 0 ||
         fmha_dict_set(d, "kernel", PyUnicode_FromString(kernel)) < 0 ||
         fmha_dict_set(d, "kernel_id", PyLong_FromLong(in->empty ? 0 : plan->kernel_id)) < 0 ||
         fmha_dict_set(d, "num_splits", PyLong_FromLong(in->empty ? 1 : plan->num_splits)) < 0 ||
@@ -662,7 +662,7 @@ PyObject *fmha_explain_plan_for_device(PyObject *module, PyObject *args, PyObjec
     fmha_plan plan;
     fmha_status status = fmha_plan_make(&p, &target, num_splits, &plan);
     fmha_explain_input in = {
-        .p = &p, .target = &target, .plan = &plan, .plan_ok = status == FMHA_OK,
+        .p = &p, .target = &target, .plan = &plan,
         .requested_splits = num_splits, .kv_cache = lens != NULL,
         .inputs_on_host = 1, .device_ordinal = 0, /* described as host arrays */
     };

@@ -20,7 +20,6 @@ typedef struct fmha_explain_input {
     const fmha_fwd_params *p;       /* problem fields (batch ... seqlen_new, softmax_scale) */
     const fmha_target *target;      /* where the plan is for (CPU threads or the GPU's facts) */
     const fmha_plan *plan;          /* the plan; ignored when `empty` */
-    int plan_ok;                    /* the plan's status was FMHA_OK */
     int requested_splits;           /* the caller's num_splits (0 = heuristic) */
     int kv_cache;                   /* cache_seqlens was given */
     int inputs_on_host;             /* GPU plans: q was a host array (copied to the GPU) */
