@@ -589,6 +589,7 @@ PyObject *fmha_explain_plan_for_device(PyObject *module, PyObject *args, PyObjec
                             (long long)p.heads_q, (long long)p.heads_kv);
     p.causal = (int)causal;
     p.softmax_scale = 1.0f;
+    p.scale_log2 = 1.4426950408889634f; /* softmax_scale * log2(e), as the host glue fills it */
     if (misaligned)
         p.q = (const void *)(uintptr_t)2; /* a q that starts 2 bytes past a 16-byte boundary */
     static const int32_t present = 0;  /* the planner reads only whether seqlens_k is set */

@@ -368,8 +368,6 @@ static fmha_sm90_why sm90_fit(const fmha_fwd_params *p, const fmha_target *t, in
     const fmha_device_info *dev = t->device;
     gpu_tiles tiles;
     int ctas = 0;
-    const double LOG2E = 1.4426950408889634; /* the kernel takes softmax_scale * log2(e) */
-    const double scale_log2 = (double)p->softmax_scale * LOG2E;
     if (dev->is_amd || dev->cc_major != 9)
         return FMHA_SM90_NOT_HOPPER;
     if (!arch_in_list("90a", fmha_plan_cuda_archs(t)))
@@ -384,7 +382,8 @@ static fmha_sm90_why sm90_fit(const fmha_fwd_params *p, const fmha_target *t, in
         return FMHA_SM90_FORCED_SPLITS;
     if (!sm90_tma_aligned(p))
         return FMHA_SM90_UNALIGNED;
-    if (!(scale_log2 > 0.0 && scale_log2 <= FLT_MAX))
+    /* the kernel reads the scale in exp2 units, as the host glue computed it */
+    if (!(p->scale_log2 > 0.0f && p->scale_log2 <= FLT_MAX))
         return FMHA_SM90_SCALE;
     if (p->batch > 65535 || p->heads_q > 65535)
         return FMHA_SM90_GRID;
