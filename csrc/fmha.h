@@ -93,6 +93,48 @@ typedef struct fmha_fwd_params {
     int64_t knew_batch_stride, knew_row_stride, knew_head_stride;
     int64_t vnew_batch_stride, vnew_row_stride, vnew_head_stride;
 
+    /* ---- packed (varlen) sequences and a paged KV cache (NULL / 0 when unused) ----
+     *
+     * Sequence geometry, the one rule every backend, kernel and the reference follow.
+     * For sequence b (0 <= b < batch):
+     *   len_q(b)   = cu_seqlens_q ? cu_seqlens_q[b+1] - cu_seqlens_q[b] : seqlen_q
+     *   new_len(b) = !k_new ? 0 : cu_seqlens_q ? len_q(b) : seqlen_new
+     *   len_k(b)   = seqlens_k ? seqlens_k[b] + new_len(b)
+     *              : cu_seqlens_k ? cu_seqlens_k[b+1] - cu_seqlens_k[b] : seqlen_k
+     * Query-indexed tensors (q, out, lse, k_new, v_new, the split scratch; combine's
+     * partials and outputs) hold row i of sequence b at row cu_seqlens_q[b] + i of their
+     * row dimension when cu_seqlens_q is set (their batch stride is then unused), else
+     * at batch b, row i.  k/v: with cu_seqlens_k, key j of b is row cu_seqlens_k[b] + j;
+     * with block_table, key j of b is row j % page_size of page
+     * block_table[b * block_table_stride + j / page_size] (k_batch_stride / v_batch_stride
+     * are the page strides); else batch b, row j.  Causal is bottom-right per sequence:
+     * query i of b sees key j iff j <= i + len_k(b) - len_q(b).
+     *
+     * seqlen_q / seqlen_k are then the longest sequence the grid and the plan are made
+     * for (max_seqlen_q / max_seqlen_k, or total_q / total_k when not known), and
+     * seqlen_k is the capacity (max_blocks_per_seq * page_size) of a paged cache.
+     *
+     * Device metadata is not checked on the host (no sync).  The kernels clamp, never
+     * touching memory outside the tensors, and the rows of an offending sequence come out
+     * NaN (out and lse):
+     *  - cu_seqlens_q: rows [start, end) with start = clamp(cu[b], 0, total_q) and
+     *    end = clamp(cu[b+1], start, min(total_q, start + seqlen_q)); b is bad when
+     *    (start, end) != (cu[b], cu[b+1]); its clamped rows are written NaN;
+     *  - cu_seqlens_k: the same with total_k and seqlen_k; the rows of b are NaN;
+     *  - seqlens_k: bad when seqlens_k[b] < 0 or seqlens_k[b] + new_len(b) > seqlen_k
+     *    (the capacity); nothing is appended for b and its rows are NaN;
+     *  - block_table: an entry outside [0, num_pages) is never dereferenced (nor written
+     *    through by the append); every row that would see a key of that page comes out
+     *    NaN (GPU tiles may also NaN the other rows of the tile that read it). */
+    const int32_t *cu_seqlens_q; /* [batch + 1] */
+    const int32_t *cu_seqlens_k; /* [batch + 1] */
+    int64_t total_q;             /* rows of q/out when cu_seqlens_q is set */
+    int64_t total_k;             /* rows of k/v when cu_seqlens_k is set */
+    const int32_t *block_table;  /* [batch, max_blocks_per_seq] */
+    int64_t block_table_stride;  /* elements between rows of block_table */
+    int64_t page_size;           /* keys per page: a multiple of 16 */
+    int64_t num_pages;           /* pages of k/v (k.shape[0]) */
+
     /* ---- plan (filled by fmha_plan_make) ---- */
     int num_splits;         /* 1: producers write out/lse directly; >= 2: scratch + combine */
     int block_m;            /* query rows per tile (packed rows when pack_gqa) */
@@ -114,7 +156,9 @@ typedef struct fmha_fwd_params {
 
     /* ---- split scratch (backend-owned, used when num_splits >= 2) ----
      * o_accum   [num_splits, batch, seqlen_q, heads_q, head_dim] fp32, contiguous
-     * lse_accum [num_splits, batch, heads_q, seqlen_q] fp32, contiguous */
+     * lse_accum [num_splits, batch, heads_q, seqlen_q] fp32, contiguous
+     * With cu_seqlens_q: the same with batch 1 and seqlen_q = total_q, sequence b
+     * starting at row cu_seqlens_q[b]. */
     float *o_accum;
     float *lse_accum;
 
@@ -143,6 +187,12 @@ typedef struct fmha_combine_params {
     int64_t o_batch_stride, o_row_stride, o_head_stride;
     float *lse;             /* [batch, heads, seqlen_q], may be NULL */
     int64_t lse_batch_stride, lse_head_stride, lse_row_stride;
+    /* Packed sequences (fmha_fwd_params' geometry): row i of sequence b is row
+     * cu_seqlens_q[b] + i of o_partial, lse_partial, out and lse, whose batch strides
+     * are then unused; seqlen_q is the longest sequence and rows i >= len_q(b) are
+     * skipped.  NULL: dense. */
+    const int32_t *cu_seqlens_q;
+    int64_t total_q;
     void *stream;
     int device;
     int num_threads;
@@ -216,6 +266,8 @@ typedef enum fmha_sm90_why {
     FMHA_SM90_ASKED_MMA,       /* FMHA_GPU_PREFILL_KERNEL=mma */
     FMHA_SM90_HEAD_DIM,        /* no row of FMHA_GPU_SM90_CONFIGS */
     FMHA_SM90_KV_CACHE,        /* cache_seqlens / appended keys */
+    FMHA_SM90_PAGED,           /* block_table: a paged KV cache */
+    FMHA_SM90_VARLEN,          /* cu_seqlens_q / cu_seqlens_k: packed sequences */
     FMHA_SM90_FORCED_SPLITS,   /* num_splits >= 2: it writes no split partials */
     FMHA_SM90_UNALIGNED,       /* q/k/v/out base or strides not 16-byte multiples (TMA) */
     FMHA_SM90_SCALE,           /* softmax_scale not positive and finite */
