@@ -534,7 +534,8 @@ inline fmha_status fmha_sm90_prefill_launch(const fmha_fwd_params &p, cudaError_
         return FMHA_ERR_UNSUPPORTED;
     if (p.head_dim != 64 && p.head_dim != 128)
         return FMHA_ERR_UNSUPPORTED;
-    if (p.seqlens_k || p.k_new || p.v_new || p.seqlen_new != 0 || p.num_splits > 1)
+    if (p.seqlens_k || p.k_new || p.v_new || p.seqlen_new != 0 || p.num_splits > 1 ||
+        p.block_table || p.cu_seqlens_q || p.cu_seqlens_k)
         return FMHA_ERR_UNSUPPORTED;
     if (!(p.scale_log2 > 0.f) || !isfinite(p.scale_log2))
         return FMHA_ERR_UNSUPPORTED;
