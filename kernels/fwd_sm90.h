@@ -209,14 +209,58 @@ __device__ __forceinline__ void mask_scores(float (&s)[BLOCK_N / 2], const int (
 }
 
 /*
+ * exp2 on the FMA pipe, for x <= 0 (a shifted score): x = j + f with j the
+ * nearest integer and |f| <= 1/2, 2^f from a degree-4 polynomial with p(0) = 1
+ * exactly (relative error below 3e-6, fitted for this kernel), and j added to
+ * the exponent bits.  x is clamped at -127 first, where j = -127, f = 0 and the
+ * bits come out exactly 0.0: masked scores (-inf) give P = 0, as ex2.approx.ftz
+ * does.  The rounding uses the 1.5 * 2^23 trick, so no conversion instruction
+ * (those run on the same unit as ex2) is needed.
+ */
+__device__ __forceinline__ float exp2_poly(float x)
+{
+    constexpr float ROUND = 12582912.f; /* 1.5 * 2^23: x + ROUND holds round(x) in its low bits */
+    x = fmaxf(x, -127.f);
+    const float y = x + ROUND;
+    const float f = x - (y - ROUND);
+    float p = fmaf(0.009584016f, f, 0.055909414f);
+    p = fmaf(p, f, 0.2402409f);
+    p = fmaf(p, f, 0.69312376f);
+    p = fmaf(p, f, 1.f);
+    /* the low 9 bits of y's pattern are round(x) (mod 512): shifted into the exponent */
+    return __uint_as_float(((uint32_t)__float_as_int(y) << 23) + (uint32_t)__float_as_int(p));
+}
+
+/*
+ * How many of a row's BLOCK_N / 8 column groups take exp2_poly instead of
+ * ex2.approx.  At head_dim 64 the exp2 unit needs as many cycles per key as
+ * the tensor cores do (16 exp2 per SM and clock against 256 MMA flops per
+ * score), so moving some of the work to the FMA pipe lets the two overlap; at
+ * 128 the tensor cores take twice as long and the exp2 unit is not the limit.
+ */
+#ifndef FMHA_SM90_POLY_GROUPS_D64
+#define FMHA_SM90_POLY_GROUPS_D64 2
+#endif
+template <int HEAD_DIM> constexpr int POLY_GROUPS = HEAD_DIM <= 64 ? FMHA_SM90_POLY_GROUPS_D64 : 0;
+
+/* Column group t of a row uses exp2_poly: POLY of every BLOCK_N / 8 groups, spread out. */
+template <int POLY> __host__ __device__ constexpr bool poly_group(int t)
+{
+    constexpr int every = POLY > 0 ? BLOCK_N / 8 / POLY : 1;
+    return POLY > 0 && t % every == every - 1;
+}
+
+/*
  * One block of the online softmax, in place: S -> P = exp2(S * scale_log2 -
  * m_new), the running max and sum updated, and rescale[half] = exp2(m - m_new)
  * for the O rows accumulated so far.  A row that has seen only masked keys
  * keeps m = -inf and shifts by 0, so its P and rescale are 0, not NaN.
  */
+template <int POLY>
 __device__ __forceinline__ void online_softmax(float (&s)[BLOCK_N / 2], softmax_rows &st,
                                                float (&rescale)[ROW_HALVES], float scale_log2)
 {
+    static_assert(POLY >= 0 && (BLOCK_N / 8) % (POLY > 0 ? POLY : 1) == 0, "POLY divides the column groups");
 #pragma unroll
     for (int half = 0; half < ROW_HALVES; half++) {
         float mx0 = s[2 * half], mx1 = s[2 * half + 1];
@@ -233,8 +277,13 @@ __device__ __forceinline__ void online_softmax(float (&s)[BLOCK_N / 2], softmax_
 #pragma unroll
         for (int t = 0; t < BLOCK_N / 8; t++) {
             float &a = s[t * 4 + 2 * half], &b = s[t * 4 + 2 * half + 1];
-            a = exp2_fast(fmaf(a, scale_log2, -shift));
-            b = exp2_fast(fmaf(b, scale_log2, -shift));
+            if (poly_group<POLY>(t)) {
+                a = exp2_poly(fmaf(a, scale_log2, -shift));
+                b = exp2_poly(fmaf(b, scale_log2, -shift));
+            } else {
+                a = exp2_fast(fmaf(a, scale_log2, -shift));
+                b = exp2_fast(fmaf(b, scale_log2, -shift));
+            }
             sum0 += a;
             sum1 += b;
         }
@@ -405,7 +454,7 @@ fwd_sm90_kernel(const __grid_constant__ tensor_maps maps, const fmha_fwd_params 
             mbar_arrive(bars.k_empty(k_pos.stage));
             k_pos.advance();
             masked(s, 0);
-            online_softmax(s, st, rescale, p.scale_log2);
+            online_softmax<POLY_GROUPS<HEAD_DIM>>(s, st, rescale, p.scale_log2);
             p_operands<T>(pv, s);
 
             for (int j = 0; j + 1 < n_blocks; j++) {
@@ -422,7 +471,7 @@ fwd_sm90_kernel(const __grid_constant__ tensor_maps maps, const fmha_fwd_params 
                 mbar_arrive(bars.k_empty(k_pos.stage));
                 k_pos.advance();
                 masked(s, j + 1);
-                online_softmax(s, st, rescale, p.scale_log2);
+                online_softmax<POLY_GROUPS<HEAD_DIM>>(s, st, rescale, p.scale_log2);
 
                 /* P(j) V(j) done: V(j) free; O takes the new max, P(j+1) replaces P(j). */
                 mma.template wait<0>(o);

@@ -12,7 +12,8 @@ out=${OUT:-/tmp}
 shapes=("$@")
 [ ${#shapes[@]} -eq 0 ] && shapes=("2 64 64 8192 8192 128 0 bf16 0" "2 64 64 8192 8192 128 0 bf16 1"
                                    "8 16 16 8192 8192 64 0 bf16 0" "8 16 16 8192 8192 64 0 bf16 1")
-OUT=$out bash benchmarks/tools/sm90_check.sh --build-only >/dev/null || { echo "build failed" >&2; exit 1; }
+# NCU_SKIP_BUILD=1: use the binary already in $OUT (sm90_variants.sh puts each variant there).
+[ "${NCU_SKIP_BUILD:-0}" = 1 ] || OUT=$out bash benchmarks/tools/sm90_check.sh --build-only >/dev/null || { echo "build failed" >&2; exit 1; }
 NCU=${NCU:-ncu}
 command -v "$NCU" >/dev/null || NCU=/usr/local/cuda/bin/ncu
 # The tensor-pipe counter's name differs between ncu versions: take those this one knows.

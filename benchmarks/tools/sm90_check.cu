@@ -18,6 +18,8 @@
  *   sm90_check --small         one small case per kernel instance (for compute-sanitizer)
  *   sm90_check --profile "B HQ HKV SQ SK D CAUSAL bf16|fp16"
  *                              inputs, then exactly one launch (for ncu)
+ *   sm90_check --time "B HQ HKV SQ SK D CAUSAL bf16|fp16 SCHED" [--time ...]
+ *                              only these shapes, timed and checked on sampled rows
  * Exit status 0 when every case passes.
  */
 #include "fwd_sm90.h"
@@ -508,13 +510,17 @@ int main(int argc, char **argv)
 {
     bool small = false;
     const char *profile = nullptr;
+    std::vector<const char *> timed_shapes;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--small"))
             small = true;
         else if (!strcmp(argv[i], "--profile") && i + 1 < argc)
             profile = argv[++i];
+        else if (!strcmp(argv[i], "--time") && i + 1 < argc)
+            timed_shapes.push_back(argv[++i]);
         else {
-            fprintf(stderr, "usage: %s [--small] [--profile \"B HQ HKV SQ SK D CAUSAL bf16|fp16\"]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--small] [--profile SHAPE] [--time SHAPE]...\n"
+                            "  SHAPE: \"B HQ HKV SQ SK D CAUSAL bf16|fp16 [SCHED]\"\n", argv[0]);
             return 2;
         }
     }
@@ -550,6 +556,20 @@ int main(int argc, char **argv)
     }
 
     print_instances();
+    if (!timed_shapes.empty()) {
+        /* only these shapes: timed and checked on sampled rows */
+        print_header();
+        for (const char *text : timed_shapes) {
+            shape s;
+            if (!parse_shape(text, s)) {
+                fprintf(stderr, "bad --time shape: %s\n", text);
+                return 2;
+            }
+            g_rows.push_back(run_case(s, 20, 4096));
+            print_row(g_rows.back());
+        }
+        return print_table() ? 1 : 0;
+    }
     /* Both schedules, the default (interleaved) first: if the other one fails
      * the launch, the rows finished so far are still printed. */
     std::vector<shape> cases;

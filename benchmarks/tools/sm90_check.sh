@@ -6,14 +6,15 @@
 #                                                    synccheck on the small cases (sm90_check --small)
 #   bash benchmarks/tools/sm90_check.sh --build-only just the binary (ncu_prefill.sh uses it)
 # Needs nvcc 12.8+ and a cc 9.x GPU.  The binary goes to ${OUT:-/tmp}/sm90_check; ptxas's
-# report (registers, spills) to ${OUT:-/tmp}/sm90_check.ptxas.txt.
+# report (registers, spills) to ${OUT:-/tmp}/sm90_check.ptxas.txt.  SM90_FLAGS adds nvcc flags
+# (e.g. -DFMHA_SM90_POLY_GROUPS_D64=4 to build a variant; sm90_variants.sh does that).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 out=${OUT:-/tmp}
 NVCC=${NVCC:-nvcc}
 command -v "$NVCC" >/dev/null || NVCC=/usr/local/cuda/bin/nvcc
 "$NVCC" -std=c++17 -O3 -I csrc -I kernels -DFMHA_WITH_CUDA=1 \
-  -gencode=arch=compute_90a,code=sm_90a -Werror=all-warnings -Xptxas -v,-warn-spills \
+  -gencode=arch=compute_90a,code=sm_90a -Werror=all-warnings -Xptxas -v,-warn-spills ${SM90_FLAGS:-} \
   benchmarks/tools/sm90_check.cu -o "$out/sm90_check" 2> "$out/sm90_check.ptxas.txt" || {
   cat "$out/sm90_check.ptxas.txt"; exit 1; }
 # the prefill kernels' lines of the report: registers, stack, spills
