@@ -53,14 +53,15 @@
     X(128, 16, 32, FMHA_GPU_DECODE_WALKERS, 3, 1, FMHA_GPU_DECODE_WALKERS)
 /*
  * Hopper (sm_90a) warp-specialized prefill, one row per head_dim, same fields:
- * one producer warpgroup (TMA loads) and two consumer warpgroups of 64 rows
- * (12 warps), `stages` K and V buffers, one CTA per SM (it holds most of the
- * shared memory and registers).  kernels/fwd_sm90.h checks its compile-time
+ * one producer warpgroup (TMA loads) and block_m / 64 consumer warpgroups of 64
+ * rows (three at head_dim 64, whose products are too short to hide a softmax
+ * behind one other warpgroup; two at 128), `stages` K and V buffers, one CTA
+ * per SM (it holds most of the shared memory and registers).  kernels/fwd_sm90.h checks its compile-time
  * constants against these rows.  The planner picks it for prefill on cc 9.x
  * when the build has sm_90a code (plan.c says when else).
  */
 #define FMHA_GPU_SM90_CONFIGS(X)   \
-    X(64, 128, 128, 12, 3, 1, 1)   \
+    X(64, 192, 128, 16, 3, 1, 1)   \
     X(128, 128, 128, 12, 2, 1, 1)
 
 /*

@@ -1,13 +1,14 @@
 /*
  * fwd_sm90.h: the warp-specialized Hopper (sm_90a) prefill kernel and its
- * host launcher, NVIDIA only.  One CTA owns 128 query rows of one
+ * host launcher, NVIDIA only.  One CTA owns 64 query rows per consumer
+ * warpgroup (128 at head_dim 128, 192 at 64: tile_shape) of one
  * (batch, query head) and walks all the key blocks that those rows can see:
  *
  *   producer warpgroup   one elected lane issues TMA loads: Q once, then K(j)
  *                        and V(j) into rings of shared-memory stages, each
  *                        stage with a "full" mbarrier (bytes landed) and an
- *                        "empty" one (both consumers are done with it)
- *   2 consumer warpgroups  64 rows each:
+ *                        "empty" one (every consumer is done with it)
+ *   consumer warpgroups  64 rows each:
  *                        S = Q K(j)^T                  (wgmma, fp32)
  *                        online softmax in exp2 units  (scale folded into one FFMA)
  *                        O = O * rescale + P V(j)      (P in registers)
@@ -45,21 +46,38 @@
 namespace fmha {
 namespace sm90 {
 
-constexpr int BLOCK_M = 128;                  /* query rows per CTA */
 constexpr int BLOCK_N = 128;                  /* keys per main-loop step */
-constexpr int CONSUMERS = 2;                  /* warpgroups of 64 rows */
-constexpr int THREADS = (1 + CONSUMERS) * WARPGROUP_THREADS;
 constexpr int PANEL_COLS = 64;                /* features per 128-byte swizzled panel */
 constexpr int PRODUCER_REGS = 24;             /* the producer only issues copies */
-constexpr int CONSUMER_REGS = 240;            /* 24 * 128 + 240 * 256 <= 64K registers */
+constexpr int MAX_CONSUMERS = 3;
 constexpr int EPILOGUE_BARRIER = 1;           /* named barrier 1 + consumer index */
-constexpr int TURN_BARRIER = 3;               /* named barrier 3 + consumer index (ping-pong) */
+constexpr int TURN_BARRIER = 1 + MAX_CONSUMERS; /* named barrier TURN_BARRIER + consumer index (ping-pong) */
 
 /*
- * How the two consumer warpgroups share the tensor cores:
+ * Consumer warpgroups of 64 rows per CTA.  A warpgroup's softmax must hide
+ * under the other warpgroups' products: at head_dim 128 one block's products
+ * take about as long as its softmax, so two suffice; at 64 they take half as
+ * long and it takes three (a 192-row tile).
+ */
+#ifndef FMHA_SM90_D64_CONSUMERS
+#define FMHA_SM90_D64_CONSUMERS 3
+#endif
+template <int HEAD_DIM> struct tile_shape {
+    static constexpr int consumers = HEAD_DIM <= 64 ? FMHA_SM90_D64_CONSUMERS : 2;
+    static constexpr int block_m = consumers * WGMMA_M;         /* query rows per CTA */
+    static constexpr int threads = (1 + consumers) * WARPGROUP_THREADS;
+    /* the registers the producer gives up, shared by the consumers (setmaxnreg: multiples of 8) */
+    static constexpr int consumer_regs =
+        (65536 - PRODUCER_REGS * WARPGROUP_THREADS) / (consumers * WARPGROUP_THREADS) / 8 * 8;
+    static_assert(consumers >= 1 && consumers <= MAX_CONSUMERS, "consumer warpgroups");
+    static_assert(consumer_regs <= 256, "setmaxnreg's ceiling");
+};
+
+/*
+ * How the consumer warpgroups share the tensor cores:
  *   INTERLEAVED  each issues its products as soon as its data is there
  *   PINGPONG     they take turns issuing (named barriers), so one's softmax
- *                runs while the other's products do
+ *                runs while the others' products do
  */
 enum schedule { INTERLEAVED = 0, PINGPONG = 1 };
 constexpr float LN2 = 0.693147180559945309f;
@@ -68,7 +86,7 @@ constexpr float LN2 = 0.693147180559945309f;
 template <int HEAD_DIM> struct smem_plan {
     static constexpr int panels = HEAD_DIM / PANEL_COLS;
     static constexpr int stages = HEAD_DIM <= 64 ? 3 : 2; /* what fits in 227 KB */
-    static constexpr int q_panel = BLOCK_M * SWIZZLE_ROW_BYTES;
+    static constexpr int q_panel = tile_shape<HEAD_DIM>::block_m * SWIZZLE_ROW_BYTES;
     static constexpr int kv_panel = BLOCK_N * SWIZZLE_ROW_BYTES;
     static constexpr int q_bytes = panels * q_panel;
     static constexpr int kv_bytes = panels * kv_panel; /* one stage of K or of V */
@@ -84,9 +102,10 @@ template <int HEAD_DIM> struct smem_plan {
 };
 
 /* The planner sizes tiles and splits from fmha_config.h's rows: they must be these constants
- * (one CTA per SM: __launch_bounds__(THREADS, 1) below; one walker, no split partials). */
+ * (one CTA per SM: __launch_bounds__(threads, 1) below; one walker, no split partials). */
 #define FMHA_SM90_CHECK_ROW(hd, bm, bn, w, st, ctas, wk)                                             \
-    static_assert(bm == BLOCK_M && bn == BLOCK_N && (w) * WARP_LANES == THREADS &&                   \
+    static_assert(bm == tile_shape<hd>::block_m && bn == BLOCK_N &&                                  \
+                      (w) * WARP_LANES == tile_shape<hd>::threads &&                                 \
                       st == smem_plan<hd>::stages && ctas == 1 && wk == 1,                           \
                   "FMHA_GPU_SM90_CONFIGS row for head_dim " #hd " matches the sm90 kernel");
 FMHA_GPU_SM90_CONFIGS(FMHA_SM90_CHECK_ROW)
@@ -123,7 +142,7 @@ struct tensor_maps {
 };
 
 /* Key blocks the tile of rows [m0, m0 + BLOCK_M) needs (0 when no row sees a key). */
-template <bool CAUSAL> __host__ __device__ inline int key_blocks(int64_t m0, int64_t seqlen_q, int64_t seqlen_k)
+template <int BLOCK_M, bool CAUSAL> __host__ __device__ inline int key_blocks(int64_t m0, int64_t seqlen_q, int64_t seqlen_k)
 {
     int64_t end = seqlen_k;
     if (CAUSAL) {
@@ -209,58 +228,14 @@ __device__ __forceinline__ void mask_scores(float (&s)[BLOCK_N / 2], const int (
 }
 
 /*
- * exp2 on the FMA pipe, for x <= 0 (a shifted score): x = j + f with j the
- * nearest integer and |f| <= 1/2, 2^f from a degree-4 polynomial with p(0) = 1
- * exactly (relative error below 3e-6, fitted for this kernel), and j added to
- * the exponent bits.  x is clamped at -127 first, where j = -127, f = 0 and the
- * bits come out exactly 0.0: masked scores (-inf) give P = 0, as ex2.approx.ftz
- * does.  The rounding uses the 1.5 * 2^23 trick, so no conversion instruction
- * (those run on the same unit as ex2) is needed.
- */
-__device__ __forceinline__ float exp2_poly(float x)
-{
-    constexpr float ROUND = 12582912.f; /* 1.5 * 2^23: x + ROUND holds round(x) in its low bits */
-    x = fmaxf(x, -127.f);
-    const float y = x + ROUND;
-    const float f = x - (y - ROUND);
-    float p = fmaf(0.009584016f, f, 0.055909414f);
-    p = fmaf(p, f, 0.2402409f);
-    p = fmaf(p, f, 0.69312376f);
-    p = fmaf(p, f, 1.f);
-    /* the low 9 bits of y's pattern are round(x) (mod 512): shifted into the exponent */
-    return __uint_as_float(((uint32_t)__float_as_int(y) << 23) + (uint32_t)__float_as_int(p));
-}
-
-/*
- * How many of a row's BLOCK_N / 8 column groups take exp2_poly instead of
- * ex2.approx.  At head_dim 64 the exp2 unit needs as many cycles per key as
- * the tensor cores do (16 exp2 per SM and clock against 256 MMA flops per
- * score), so moving some of the work to the FMA pipe lets the two overlap; at
- * 128 the tensor cores take twice as long and the exp2 unit is not the limit.
- */
-#ifndef FMHA_SM90_POLY_GROUPS_D64
-#define FMHA_SM90_POLY_GROUPS_D64 2
-#endif
-template <int HEAD_DIM> constexpr int POLY_GROUPS = HEAD_DIM <= 64 ? FMHA_SM90_POLY_GROUPS_D64 : 0;
-
-/* Column group t of a row uses exp2_poly: POLY of every BLOCK_N / 8 groups, spread out. */
-template <int POLY> __host__ __device__ constexpr bool poly_group(int t)
-{
-    constexpr int every = POLY > 0 ? BLOCK_N / 8 / POLY : 1;
-    return POLY > 0 && t % every == every - 1;
-}
-
-/*
  * One block of the online softmax, in place: S -> P = exp2(S * scale_log2 -
  * m_new), the running max and sum updated, and rescale[half] = exp2(m - m_new)
  * for the O rows accumulated so far.  A row that has seen only masked keys
  * keeps m = -inf and shifts by 0, so its P and rescale are 0, not NaN.
  */
-template <int POLY>
 __device__ __forceinline__ void online_softmax(float (&s)[BLOCK_N / 2], softmax_rows &st,
                                                float (&rescale)[ROW_HALVES], float scale_log2)
 {
-    static_assert(POLY >= 0 && (BLOCK_N / 8) % (POLY > 0 ? POLY : 1) == 0, "POLY divides the column groups");
 #pragma unroll
     for (int half = 0; half < ROW_HALVES; half++) {
         float mx0 = s[2 * half], mx1 = s[2 * half + 1];
@@ -277,13 +252,8 @@ __device__ __forceinline__ void online_softmax(float (&s)[BLOCK_N / 2], softmax_
 #pragma unroll
         for (int t = 0; t < BLOCK_N / 8; t++) {
             float &a = s[t * 4 + 2 * half], &b = s[t * 4 + 2 * half + 1];
-            if (poly_group<POLY>(t)) {
-                a = exp2_poly(fmaf(a, scale_log2, -shift));
-                b = exp2_poly(fmaf(b, scale_log2, -shift));
-            } else {
-                a = exp2_fast(fmaf(a, scale_log2, -shift));
-                b = exp2_fast(fmaf(b, scale_log2, -shift));
-            }
+            a = exp2_fast(fmaf(a, scale_log2, -shift));
+            b = exp2_fast(fmaf(b, scale_log2, -shift));
             sum0 += a;
             sum1 += b;
         }
@@ -311,12 +281,13 @@ __device__ __forceinline__ void p_operands(uint32_t (&p)[BLOCK_N / WGMMA_K][4], 
 #endif /* FMHA_HAS_WGMMA */
 
 template <typename T, int HEAD_DIM, bool CAUSAL, int SCHEDULE>
-__global__ void __launch_bounds__(THREADS, 1)
+__global__ void __launch_bounds__(tile_shape<HEAD_DIM>::threads, 1)
 fwd_sm90_kernel(const __grid_constant__ tensor_maps maps, const fmha_fwd_params p)
 {
 #if FMHA_HAS_WGMMA
     using plan = smem_plan<HEAD_DIM>;
     constexpr int STAGES = plan::stages;
+    constexpr int BLOCK_M = tile_shape<HEAD_DIM>::block_m, CONSUMERS = tile_shape<HEAD_DIM>::consumers;
     extern __shared__ unsigned char smem_raw[];
     /* The 128-byte swizzle repeats every 1024 bytes: align the base to it. */
     const uint32_t raw = smem_addr(smem_raw);
@@ -328,7 +299,7 @@ fwd_sm90_kernel(const __grid_constant__ tensor_maps maps, const fmha_fwd_params 
     const int m_block = CAUSAL ? (int)gridDim.x - 1 - (int)blockIdx.x : (int)blockIdx.x;
     const int m0 = m_block * BLOCK_M, head = (int)blockIdx.y, b = (int)blockIdx.z;
     const int seqlen_q = (int)p.seqlen_q, seqlen_k = (int)p.seqlen_k;
-    const int n_blocks = key_blocks<CAUSAL>(m0, seqlen_q, seqlen_k);
+    const int n_blocks = key_blocks<BLOCK_M, CAUSAL>(m0, seqlen_q, seqlen_k);
 
     if (threadIdx.x == 0) {
         mbar_init(bars.q_full(), 1);
@@ -362,7 +333,7 @@ fwd_sm90_kernel(const __grid_constant__ tensor_maps maps, const fmha_fwd_params 
             ring_pos<STAGES> pos;
             for (int j = 0; j < n_blocks; j++, pos.advance()) {
                 const int key0 = j * BLOCK_N;
-                /* Wait until both consumers released this stage's previous round
+                /* Wait until every consumer released this stage's previous round
                  * (in the first round the parity before the first phase passes at once). */
                 mbar_wait(bars.k_empty(pos.stage), pos.phase ^ 1);
                 mbar_arrive_expect_tx(bars.k_full(pos.stage), plan::kv_bytes);
@@ -380,7 +351,7 @@ fwd_sm90_kernel(const __grid_constant__ tensor_maps maps, const fmha_fwd_params 
         }
     } else {
         /* ---- consumers: 64 rows each ---- */
-        warpgroup_reg_alloc<CONSUMER_REGS>();
+        warpgroup_reg_alloc<tile_shape<HEAD_DIM>::consumer_regs>();
         const int consumer = warpgroup - 1;
         const int tid = (int)threadIdx.x % WARPGROUP_THREADS, warp = tid / WARP_LANES, lane = tid % WARP_LANES;
         const int row_in_tile = consumer * WGMMA_M + warp * 16 + lane / LANES_PER_ROW; /* + 8 * half */
@@ -422,27 +393,28 @@ fwd_sm90_kernel(const __grid_constant__ tensor_maps maps, const fmha_fwd_params 
 
         /*
          * Ping-pong: a warpgroup issues a group of products only on its turn
-         * (its barrier: its own 128 threads sync, the other's 128 arrive) and
-         * then hands the turn over.  Consumer 0 goes first; both issue the same
-         * n_blocks + 1 groups, and consumer 1 does not hand over after its last,
-         * so every barrier phase completes exactly.
+         * (its barrier: its own 128 threads sync, the previous warpgroup's 128
+         * arrive) and then hands the turn to the next, round the ring.
+         * Consumer 0 goes first; all issue the same n_blocks + 1 groups, and the
+         * last consumer does not hand over after its last, so every barrier
+         * phase completes exactly.
          */
         auto take_turn = [&] {
             if constexpr (SCHEDULE == PINGPONG)
-                named_barrier_sync(TURN_BARRIER + consumer, CONSUMERS * WARPGROUP_THREADS);
+                named_barrier_sync(TURN_BARRIER + consumer, 2 * WARPGROUP_THREADS);
         };
         auto pass_turn = [&](bool last) {
             if constexpr (SCHEDULE == PINGPONG)
-                if (!(last && consumer == 1))
-                    named_barrier_arrive(TURN_BARRIER + 1 - consumer, CONSUMERS * WARPGROUP_THREADS);
+                if (!(last && consumer == CONSUMERS - 1))
+                    named_barrier_arrive(TURN_BARRIER + (consumer + 1) % CONSUMERS, 2 * WARPGROUP_THREADS);
         };
 
         if (n_blocks > 0) {
             float s[BLOCK_N / 2], rescale[ROW_HALVES];
             uint32_t pv[BLOCK_N / WGMMA_K][4];
             ring_pos<STAGES> k_pos, v_pos;
-            if (SCHEDULE == PINGPONG && consumer == 1)
-                named_barrier_arrive(TURN_BARRIER, CONSUMERS * WARPGROUP_THREADS); /* consumer 0 first */
+            if (SCHEDULE == PINGPONG && consumer == CONSUMERS - 1)
+                named_barrier_arrive(TURN_BARRIER, 2 * WARPGROUP_THREADS); /* consumer 0 first */
             mbar_wait(bars.q_full(), 0);
 
             /* Block 0: S = Q K^T, softmax (O is still 0: nothing to rescale). */
@@ -454,7 +426,7 @@ fwd_sm90_kernel(const __grid_constant__ tensor_maps maps, const fmha_fwd_params 
             mbar_arrive(bars.k_empty(k_pos.stage));
             k_pos.advance();
             masked(s, 0);
-            online_softmax<POLY_GROUPS<HEAD_DIM>>(s, st, rescale, p.scale_log2);
+            online_softmax(s, st, rescale, p.scale_log2);
             p_operands<T>(pv, s);
 
             for (int j = 0; j + 1 < n_blocks; j++) {
@@ -471,7 +443,7 @@ fwd_sm90_kernel(const __grid_constant__ tensor_maps maps, const fmha_fwd_params 
                 mbar_arrive(bars.k_empty(k_pos.stage));
                 k_pos.advance();
                 masked(s, j + 1);
-                online_softmax<POLY_GROUPS<HEAD_DIM>>(s, st, rescale, p.scale_log2);
+                online_softmax(s, st, rescale, p.scale_log2);
 
                 /* P(j) V(j) done: V(j) free; O takes the new max, P(j+1) replaces P(j). */
                 mma.template wait<0>(o);
@@ -556,7 +528,7 @@ inline cudaError_t launch_instance(const tensor_maps &maps, const fmha_fwd_param
             return err;
         smem_allowed.fetch_or(bit, std::memory_order_release);
     }
-    kernel<<<grid, THREADS, smem_bytes<HEAD_DIM>(), (cudaStream_t)p.stream>>>(maps, p);
+    kernel<<<grid, tile_shape<HEAD_DIM>::threads, smem_bytes<HEAD_DIM>(), (cudaStream_t)p.stream>>>(maps, p);
     return cudaGetLastError();
 }
 
@@ -616,11 +588,12 @@ inline fmha_status fmha_sm90_prefill_launch(const fmha_fwd_params &p, cudaError_
         return FMHA_ERR_UNSUPPORTED;
 
     const bool bf16 = p.dtype == FMHA_DTYPE_BF16;
+    const int block_m = p.head_dim == 64 ? tile_shape<64>::block_m : tile_shape<128>::block_m;
     /* With no keys no K/V tile is loaded; the maps still need a row. */
     const int64_t kv_rows = p.seqlen_k > 0 ? p.seqlen_k : 1;
     tensor_maps maps;
     if (!fmha_rows_map(&maps.q, p.q, bf16, p.batch, p.seqlen_q, p.heads_q, p.head_dim, p.q_batch_stride,
-                       p.q_row_stride, p.q_head_stride, BLOCK_M) ||
+                       p.q_row_stride, p.q_head_stride, block_m) ||
         !fmha_rows_map(&maps.k, p.k, bf16, p.batch, kv_rows, p.heads_kv, p.head_dim, p.k_batch_stride,
                        p.k_row_stride, p.k_head_stride, BLOCK_N) ||
         !fmha_rows_map(&maps.v, p.v, bf16, p.batch, kv_rows, p.heads_kv, p.head_dim, p.v_batch_stride,
@@ -629,7 +602,7 @@ inline fmha_status fmha_sm90_prefill_launch(const fmha_fwd_params &p, cudaError_
                        p.o_row_stride, p.o_head_stride, WGMMA_M))
         return FMHA_ERR_UNSUPPORTED;
 
-    const dim3 grid((unsigned)((p.seqlen_q + BLOCK_M - 1) / BLOCK_M), (unsigned)p.heads_q, (unsigned)p.batch);
+    const dim3 grid((unsigned)((p.seqlen_q + block_m - 1) / block_m), (unsigned)p.heads_q, (unsigned)p.batch);
     const int key = (bf16 ? 8 : 0) + (p.head_dim == 128 ? 4 : 0) + (p.causal ? 2 : 0) + (sched == PINGPONG ? 1 : 0);
     switch (key) {
 #define FMHA_SM90_CASE(K, T, D, C, S)                                  \

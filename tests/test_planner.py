@@ -158,13 +158,16 @@ def test_sm90_runs_hopper_prefill(device, head_dim, dtype, causal):
     plan = plan_for(prefill(head_dim=head_dim, dtype=dtype, causal=causal), device)
     assert is_sm90(plan), plan["reason"]
     assert plan["kernel"].startswith(f"fwd_sm90<{dtype},d{head_dim}" + (",causal," if causal else ","))
-    assert plan["block_m"] == 128 and plan["block_n"] == 128
+    # 64 rows per consumer warpgroup: three at head_dim 64, two at 128
+    assert plan["block_m"] == {64: 192, 128: 128}[head_dim] and plan["block_n"] == 128
     assert plan["num_splits"] == 1 and plan["walkers_per_split"] == 1
     assert plan["pack_gqa"] is False and "+combine" not in plan["kernel"]
-    assert plan["reason"].startswith("Hopper prefill: warp-specialized TMA + wgmma tiles 128x128")
-    # one CTA per SM: as many slots as SMs; one tile per (128 rows, query head, batch entry)
+    block_m = {64: 192, 128: 128}[head_dim]
+    assert plan["reason"].startswith(
+        f"Hopper prefill: warp-specialized TMA + wgmma tiles {block_m}x128"), plan["reason"]
+    # one CTA per SM: as many slots as SMs; one tile per (block_m rows, query head, batch entry)
     assert plan["split"]["slots"] == device["sm_count"]
-    assert plan["split"]["tiles"] == 4 * 32 * (4096 // 128)
+    assert plan["split"]["tiles"] == 4 * 32 * -(-4096 // block_m)
     assert all(item["met"] for item in plan["gate"].values())
 
 

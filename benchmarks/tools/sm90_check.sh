@@ -7,7 +7,7 @@
 #   bash benchmarks/tools/sm90_check.sh --build-only just the binary (ncu_prefill.sh uses it)
 # Needs nvcc 12.8+ and a cc 9.x GPU.  The binary goes to ${OUT:-/tmp}/sm90_check; ptxas's
 # report (registers, spills) to ${OUT:-/tmp}/sm90_check.ptxas.txt.  SM90_FLAGS adds nvcc flags
-# (e.g. -DFMHA_SM90_POLY_GROUPS_D64=4 to build a variant; sm90_variants.sh does that).
+# (e.g. -DFMHA_SM90_D64_CONSUMERS=2 to build a variant; sm90_variants.sh does that).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 out=${OUT:-/tmp}

@@ -3,7 +3,7 @@
 # of nvcc flags (usually -D of a knob in kernels/fwd_sm90.h); all are built in parallel, then
 # each times the same shapes (sm90_check --time, correctness checked on sampled rows) and its
 # SASS is counted (MUFU.EX2 / FFMA per kernel); the table is printed last.
-#   VARIANTS="-DFMHA_SM90_POLY_GROUPS_D64=0|-DFMHA_SM90_POLY_GROUPS_D64=2" \
+#   VARIANTS="-DFMHA_SM90_D64_CONSUMERS=2|-DFMHA_SM90_D64_CONSUMERS=3" \
 #   SHAPES="8 16 16 8192 8192 64 0 bf16 0|8 16 16 8192 8192 64 1 bf16 0" \
 #   bash benchmarks/tools/sm90_variants.sh
 # ('|' separates variants and shapes.)  NCU=1 also runs ncu_prefill.sh's metrics on the first
