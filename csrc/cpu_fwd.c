@@ -4,9 +4,12 @@
  * Owns fmha_cpu_fwd (split-K flash attention forward, the same plan shape as
  * the GPU: producers over key-block ranges, then a combine), fmha_cpu_combine
  * (the one implementation of the combine math, also used by fmha_cpu_fwd for
- * its splits), the run-time choice of SIMD kernels, and the KV-cache append.
- * Lengths outside [0, capacity - seqlen_new] follow the GPU kernels' rule
- * (DESIGN.md, errors): the append writes nothing and the rows come out NaN.
+ * its splits), the run-time choice of SIMD kernels, and the KV-cache append
+ * (dense or through a block table).  Sequence geometry (packed rows, packed or
+ * paged keys, per-sequence lengths) follows fmha.h's rule, read once per call
+ * into a table (build_geometry); metadata out of range follows its device rule
+ * as the GPU kernels do: nothing outside the tensors is touched, a bad sequence
+ * appends nothing and its rows come out NaN.
  *
  * Work decomposition.  A "unit" is one query head, or, when the heads_q /
  * heads_kv query heads of a kv head are packed, one kv head whose rows are
@@ -208,12 +211,41 @@ static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 static int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
 
 /* ------------------------------------------------------------------ */
+/* Packed sequences                                                     */
+/* ------------------------------------------------------------------ */
+
+/*
+ * Rows [*start, *end) that sequence b owns in a packed dimension of `total` rows
+ * holding sequences of at most max_len rows, by fmha.h's clamp rule.  Returns 1 when
+ * cu had to be clamped (the sequence is bad: its rows come out NaN).
+ */
+static int packed_rows(const int32_t *cu, int64_t b, int64_t total, int64_t max_len,
+                       int64_t *start, int64_t *end)
+{
+    int64_t lo = cu[b], hi = cu[b + 1];
+    int64_t s = lo < 0 ? 0 : lo > total ? total : lo;
+    int64_t cap = min64(total, s + max_len);
+    int64_t e = hi < s ? s : hi > cap ? cap : hi;
+    *start = s;
+    *end = e;
+    return s != lo || e != hi;
+}
+
+/* ------------------------------------------------------------------ */
 /* Combine: the one implementation of the split merge                   */
 /* ------------------------------------------------------------------ */
 
+/* Packed combine: one sequence's rows and the first work item that merges them. */
+typedef struct combine_seq {
+    int64_t start; /* first packed row */
+    int64_t rows;  /* its rows times heads */
+    int64_t item0; /* [batch] holds the item count */
+} combine_seq;
+
 typedef struct combine_job {
     const fmha_combine_params *c;
-    int64_t rows; /* batch * seqlen_q * heads */
+    int64_t rows;             /* dense: batch * seqlen_q * heads */
+    const combine_seq *seqs;  /* packed: [batch + 1]; NULL when dense */
 } combine_job;
 
 /*
@@ -277,20 +309,64 @@ static void combine_item(void *ctx, int64_t item, int worker)
     (void)worker;
     const combine_job *job = (const combine_job *)ctx;
     const fmha_combine_params *c = job->c;
-    int64_t end = min64((item + 1) * FMHA_CPU_COMBINE_ROWS, job->rows);
-    for (int64_t row = item * FMHA_CPU_COMBINE_ROWS; row < end; row++) {
-        int64_t h = row % c->heads;
-        int64_t bi = row / c->heads;
-        combine_row(c, bi / c->seqlen_q, bi % c->seqlen_q, h);
+    if (!job->seqs) {
+        int64_t end = min64((item + 1) * FMHA_CPU_COMBINE_ROWS, job->rows);
+        for (int64_t row = item * FMHA_CPU_COMBINE_ROWS; row < end; row++) {
+            int64_t h = row % c->heads;
+            int64_t bi = row / c->heads;
+            combine_row(c, bi / c->seqlen_q, bi % c->seqlen_q, h);
+        }
+        return;
     }
+    /* The last sequence whose first item is at or before this one (empty ones share it). */
+    int64_t lo = 0, hi = c->batch;
+    while (hi - lo > 1) {
+        int64_t mid = lo + (hi - lo) / 2;
+        if (job->seqs[mid].item0 <= item)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    const combine_seq *sq = &job->seqs[lo];
+    int64_t r0 = (item - sq->item0) * FMHA_CPU_COMBINE_ROWS;
+    int64_t end = min64(r0 + FMHA_CPU_COMBINE_ROWS, sq->rows);
+    /* Packed rows carry no batch index: their batch strides are unused. */
+    for (int64_t row = r0; row < end; row++)
+        combine_row(c, 0, sq->start + row / c->heads, row % c->heads);
 }
 
-static void combine_run(const fmha_combine_params *c)
+/*
+ * The packed combine's sequence table ([batch + 1], malloc'd; NULL when out of
+ * memory) and its item count.  Rows of a sequence whose cu_seqlens_q needed clamping
+ * are merged as clamped: a forward that produced them wrote their partials NaN.
+ */
+static combine_seq *combine_seqs(const fmha_combine_params *c, int64_t *items)
 {
-    combine_job job = {c, c->batch * c->seqlen_q * c->heads};
-    if (job.rows == 0)
+    combine_seq *seqs = (combine_seq *)malloc((size_t)(c->batch + 1) * sizeof *seqs);
+    if (!seqs)
+        return NULL;
+    int64_t n = 0;
+    for (int64_t b = 0; b < c->batch; b++) {
+        int64_t start, end;
+        packed_rows(c->cu_seqlens_q, b, c->total_q, c->seqlen_q, &start, &end);
+        seqs[b].start = start;
+        seqs[b].rows = (end - start) * c->heads;
+        seqs[b].item0 = n;
+        n += ceil_div(seqs[b].rows, FMHA_CPU_COMBINE_ROWS);
+    }
+    seqs[c->batch].start = seqs[c->batch].rows = 0;
+    seqs[c->batch].item0 = n;
+    *items = n;
+    return seqs;
+}
+
+/* Runs the merge; seqs is combine_seqs' table when c is packed, else NULL. */
+static void combine_run(const fmha_combine_params *c, const combine_seq *seqs)
+{
+    combine_job job = {c, c->batch * c->seqlen_q * c->heads, seqs};
+    int64_t items = seqs ? seqs[c->batch].item0 : ceil_div(job.rows, FMHA_CPU_COMBINE_ROWS);
+    if (items == 0)
         return;
-    int64_t items = ceil_div(job.rows, FMHA_CPU_COMBINE_ROWS);
     fmha_pool_run(items, fmha_pool_workers(c->num_threads, items), combine_item, &job);
 }
 
@@ -299,14 +375,25 @@ fmha_status fmha_cpu_combine(const fmha_combine_params *c)
     if (!c || c->num_splits < 0 || c->batch < 0 || c->seqlen_q < 0 || c->heads < 0 ||
         c->head_dim < 0 || !dtype_valid(c->in_dtype) || !dtype_valid(c->out_dtype))
         return FMHA_ERR_INVALID;
-    int64_t rows = c->batch * c->seqlen_q * c->heads;
-    if (rows == 0)
+    if (c->cu_seqlens_q && c->total_q < 0)
+        return FMHA_ERR_INVALID;
+    int64_t rows = c->cu_seqlens_q ? c->total_q * c->heads : c->batch * c->seqlen_q * c->heads;
+    if (rows == 0 || c->batch == 0)
         return FMHA_OK;
     if (c->head_dim > 0 && !c->out)
         return FMHA_ERR_INVALID;
     if (c->num_splits > 0 && (!c->lse_partial || (c->head_dim > 0 && !c->o_partial)))
         return FMHA_ERR_INVALID;
-    combine_run(c);
+    if (!c->cu_seqlens_q) {
+        combine_run(c, NULL);
+        return FMHA_OK;
+    }
+    int64_t items;
+    combine_seq *seqs = combine_seqs(c, &items);
+    if (!seqs)
+        return FMHA_ERR_NOMEM;
+    combine_run(c, seqs);
+    free(seqs);
     return FMHA_OK;
 }
 
@@ -314,19 +401,41 @@ fmha_status fmha_cpu_combine(const fmha_combine_params *c)
 /* Forward                                                              */
 /* ------------------------------------------------------------------ */
 
+/*
+ * One sequence's geometry (fmha.h, "packed (varlen) sequences and a paged KV
+ * cache"), read once from the metadata before any work starts.  A bad sequence
+ * (clamped cu_seqlens, or a cache length that does not fit) appends nothing and
+ * writes NaN over its rows; an out-of-range page ends key_end, and the rows that
+ * would see a key at or past it come out NaN while the others see only keys
+ * before it, so that page is never read.
+ */
+typedef struct seq_geom {
+    int64_t q0;       /* first packed query row (cu_seqlens_q), else 0 */
+    int64_t len_q;    /* query rows */
+    int64_t k0;       /* first row of k/v (cu_seqlens_k), else 0 */
+    int64_t len_k;    /* keys attended, appended ones included */
+    int64_t key_end;  /* keys before the first out-of-range page; len_k when none */
+    int64_t new_len;  /* rows appended */
+    int64_t acc_row;  /* row 0 of this sequence in a split of o_accum */
+    int64_t lacc_off; /* (head 0, row 0) of this sequence in a split of lse_accum */
+    int bad;
+} seq_geom;
+
 typedef struct fwd_job {
     const fmha_fwd_params *p;
     const fmha_cpu_kernels *kern;
+    const seq_geom *seqs; /* [batch] */
     int64_t group;       /* query heads per kv head */
     int64_t pack;        /* query heads per packed row group: group when packed, else 1 */
     int64_t units;       /* heads_kv when packed, else heads_q */
-    int64_t unit_rows;   /* rows of one (batch, unit): seqlen_q * pack */
     int64_t chunk_tiles; /* tiles per work item */
-    int64_t chunks;      /* work items per (batch, unit, split) */
+    int64_t chunks;      /* work items per (batch, unit, split): of the longest sequence */
     int64_t splits;
     int64_t kv_ld;       /* floats between rows of the fp32 K/V blocks */
     float *o_accum;      /* split partials, NULL when num_splits == 1 */
     float *lse_accum;
+    int64_t acc_rows;         /* query rows of one split of o_accum */
+    int64_t lacc_head_stride; /* between heads in lse_accum */
     unsigned char *ws;   /* per-worker workspace, ws_bytes each */
     size_t ws_bytes;
 } fwd_job;
@@ -383,15 +492,60 @@ static size_t scratch_layout(const fwd_job *job, unsigned char *base, fwd_scratc
     return off;
 }
 
-/* Keys batch entry b attends over, or -1 when its cache length does not fit
- * the cache (the same rule as the GPU kernels: nothing is read or appended
- * for it and its rows come out NaN). */
-static int64_t key_len(const fmha_fwd_params *p, int64_t b)
+static int page_valid(const fmha_fwd_params *p, int64_t page)
 {
-    if (!p->seqlens_k)
-        return p->seqlen_k;
-    int64_t cached = p->seqlens_k[b];
-    return cached < 0 || cached > p->seqlen_k - p->seqlen_new ? -1 : cached + p->seqlen_new;
+    return page >= 0 && page < p->num_pages;
+}
+
+/* Fills seqs[0..batch) from the params (fmha.h's geometry and clamp rules). */
+static void build_geometry(const fmha_fwd_params *p, seq_geom *seqs)
+{
+    for (int64_t b = 0; b < p->batch; b++) {
+        seq_geom *g = &seqs[b];
+        memset(g, 0, sizeof *g);
+        int bad = 0;
+        int64_t q1 = p->seqlen_q;
+        if (p->cu_seqlens_q)
+            bad |= packed_rows(p->cu_seqlens_q, b, p->total_q, p->seqlen_q, &g->q0, &q1);
+        g->len_q = q1 - g->q0;
+        g->new_len = !p->k_new ? 0 : p->cu_seqlens_q ? g->len_q : p->seqlen_new;
+        int64_t len_k = p->seqlen_k;
+        if (p->seqlens_k) {
+            int64_t cached = p->seqlens_k[b];
+            if (cached < 0 || cached > p->seqlen_k - g->new_len) {
+                bad = 1;
+                len_k = 0;
+            } else {
+                len_k = cached + g->new_len;
+            }
+        } else if (p->cu_seqlens_k) {
+            int64_t k1;
+            bad |= packed_rows(p->cu_seqlens_k, b, p->total_k, p->seqlen_k, &g->k0, &k1);
+            len_k = k1 - g->k0;
+        }
+        g->len_k = len_k;
+        g->key_end = len_k;
+        if (p->block_table && !bad) {
+            const int32_t *bt = p->block_table + b * p->block_table_stride;
+            int64_t pages = ceil_div(len_k, p->page_size);
+            for (int64_t j = 0; j < pages; j++) {
+                if (!page_valid(p, bt[j])) {
+                    g->key_end = j * p->page_size;
+                    break;
+                }
+            }
+        }
+        g->bad = bad;
+        g->acc_row = p->cu_seqlens_q ? g->q0 : b * p->seqlen_q;
+        g->lacc_off = p->cu_seqlens_q ? g->q0 : b * p->heads_q * p->seqlen_q;
+    }
+}
+
+/* Element offset of query-indexed row i of sequence b (q, out, lse, k_new, v_new). */
+static int64_t qrow_off(const fmha_fwd_params *p, const seq_geom *g, int64_t b, int64_t i,
+                        int64_t batch_stride, int64_t row_stride)
+{
+    return p->cu_seqlens_q ? (g->q0 + i) * row_stride : b * batch_stride + i * row_stride;
 }
 
 /* The query head of row `row` of a unit: packed units interleave their query heads
@@ -406,16 +560,18 @@ static void write_row(const fwd_job *job, const float *vals, float m, float l, i
                       int64_t i, int64_t h, int64_t split)
 {
     const fmha_fwd_params *p = job->p;
+    const seq_geom *g = &job->seqs[b];
     size_t row_bytes = (size_t)p->head_dim * sizeof(float);
     /* A row that saw no key is (0, -inf), never 0/0. */
     float lse = l == 0.0f ? -INFINITY : (float)((double)m * FMHA_LN2 + log((double)l));
     if (job->o_accum) {
-        int64_t row = (split * p->batch + b) * p->seqlen_q + i;
+        int64_t row = split * job->acc_rows + g->acc_row + i;
         memcpy(job->o_accum + (row * p->heads_q + h) * p->head_dim, vals, row_bytes);
-        job->lse_accum[((split * p->batch + b) * p->heads_q + h) * p->seqlen_q + i] = lse;
+        job->lse_accum[split * p->heads_q * job->acc_rows + g->lacc_off +
+                       h * job->lacc_head_stride + i] = lse;
         return;
     }
-    int64_t off = b * p->o_batch_stride + i * p->o_row_stride + h * p->o_head_stride;
+    int64_t off = qrow_off(p, g, b, i, p->o_batch_stride, p->o_row_stride) + h * p->o_head_stride;
     switch (p->dtype) {
     case FMHA_DTYPE_F32:
         memcpy((float *)p->out + off, vals, row_bytes);
@@ -430,7 +586,49 @@ static void write_row(const fwd_job *job, const float *vals, float m, float l, i
         break;
     }
     if (p->lse)
-        p->lse[b * p->lse_batch_stride + h * p->lse_head_stride + i * p->lse_row_stride] = lse;
+        p->lse[qrow_off(p, g, b, i, p->lse_batch_stride, p->lse_row_stride) +
+               h * p->lse_head_stride] = lse;
+}
+
+/*
+ * Keys [n0, n0 + nb) of sequence b, kv head kvh, into the fp32 blocks.  Every dtype is
+ * copied, f32 included: cache rows are heads_kv * head_dim apart, and a block read in
+ * place at a power-of-two stride keeps hitting the same few L1 sets (so does head_dim
+ * itself: the copy's rows are job->kv_ld apart).  A paged cache is copied one run of
+ * rows within a page at a time; the caller keeps the keys before the sequence's
+ * key_end, so every page read here is in range.
+ */
+static void load_kv(const fwd_job *job, fwd_scratch *s, int64_t b, const seq_geom *g,
+                    int64_t kvh, int64_t n0, int64_t nb)
+{
+    const fmha_fwd_params *p = job->p;
+    size_t es = dtype_size(p->dtype);
+    const unsigned char *kp = (const unsigned char *)p->k;
+    const unsigned char *vp = (const unsigned char *)p->v;
+    int64_t kh = kvh * p->k_head_stride, vh = kvh * p->v_head_stride;
+    if (!p->block_table) {
+        int64_t row = g->k0 + n0;
+        int64_t k_off = (p->cu_seqlens_k ? 0 : b * p->k_batch_stride) + row * p->k_row_stride + kh;
+        int64_t v_off = (p->cu_seqlens_k ? 0 : b * p->v_batch_stride) + row * p->v_row_stride + vh;
+        job->kern->widen(s->kbuf, job->kv_ld, kp + (size_t)k_off * es, nb, p->k_row_stride,
+                         p->head_dim, p->dtype);
+        job->kern->widen(s->vbuf, job->kv_ld, vp + (size_t)v_off * es, nb, p->v_row_stride,
+                         p->head_dim, p->dtype);
+        return;
+    }
+    const int32_t *bt = p->block_table + b * p->block_table_stride;
+    for (int64_t j = n0; j < n0 + nb;) {
+        int64_t page = bt[j / p->page_size];
+        int64_t slot = j % p->page_size;
+        int64_t run = min64(p->page_size - slot, n0 + nb - j);
+        int64_t k_off = page * p->k_batch_stride + slot * p->k_row_stride + kh;
+        int64_t v_off = page * p->v_batch_stride + slot * p->v_row_stride + vh;
+        job->kern->widen(s->kbuf + (j - n0) * job->kv_ld, job->kv_ld, kp + (size_t)k_off * es,
+                         run, p->k_row_stride, p->head_dim, p->dtype);
+        job->kern->widen(s->vbuf + (j - n0) * job->kv_ld, job->kv_ld, vp + (size_t)v_off * es,
+                         run, p->v_row_stride, p->head_dim, p->dtype);
+        j += run;
+    }
 }
 
 static void fwd_item(void *ctx, int64_t item, int worker)
@@ -451,22 +649,27 @@ static void fwd_item(void *ctx, int64_t item, int worker)
     item /= job->units;
     int64_t b = item % p->batch;
     int64_t chunk = job->chunks - 1 - item / p->batch;
+    const seq_geom *g = &job->seqs[b];
 
+    /* Chunks are counted for the longest sequence: a shorter one has none this far. */
+    int64_t unit_rows = g->len_q * job->pack;
     int64_t r0 = chunk * job->chunk_tiles * tr;
-    int64_t rows = min64(job->chunk_tiles * tr, job->unit_rows - r0);
-    int64_t len = key_len(p, b);
-    if (len < 0) {
+    if (r0 >= unit_rows)
+        return;
+    int64_t rows = min64(job->chunk_tiles * tr, unit_rows - r0);
+    if (g->bad) {
         for (int64_t d = 0; d < hd; d++)
             s.rows[d] = NAN;
         for (int64_t row = r0; row < r0 + rows; row++)
             write_row(job, s.rows, NAN, NAN, b, row / job->pack, row_head(job, unit, row), split);
         return;
     }
+    int64_t len = g->len_k;
     int64_t nblk = ceil_div(len, bn);
     int64_t per = ceil_div(nblk, job->splits);
     int64_t kb0 = min64(split * per, nblk);
     int64_t kb1 = min64(kb0 + per, nblk);
-    int64_t causal_shift = len - p->seqlen_q; /* row i sees key j iff j <= i + causal_shift */
+    int64_t causal_shift = len - g->len_q; /* row i sees key j iff j <= i + causal_shift */
     int64_t kvh = job->pack > 1 ? unit : unit / job->group;
 
     int64_t tiles = ceil_div(rows, tr);
@@ -484,7 +687,8 @@ static void fwd_item(void *ctx, int64_t item, int worker)
             }
             int64_t i = row / job->pack;
             int64_t h = row_head(job, unit, row);
-            int64_t off = b * p->q_batch_stride + i * p->q_row_stride + h * p->q_head_stride;
+            int64_t off = qrow_off(p, g, b, i, p->q_batch_stride, p->q_row_stride) +
+                          h * p->q_head_stride;
             kern->widen(s.rows + r * hd, 0, (const unsigned char *)p->q + (size_t)off * es, 1, 0,
                         hd, p->dtype);
             int64_t lim = p->causal ? i + causal_shift : len - 1;
@@ -503,26 +707,17 @@ static void fwd_item(void *ctx, int64_t item, int worker)
         memset(s.ot + t * hd * tr, 0, (size_t)(hd * tr) * sizeof(float));
     }
 
-    /* Blocks past every row's last visible key are skipped (no state change). */
-    int64_t kb_end = kb1;
+    /* Keys from key_end on are never read (an out-of-range page); blocks past every
+     * row's last visible key are skipped (no state change). */
+    int64_t key_end = g->key_end;
+    int64_t kb_end = min64(kb1, ceil_div(key_end, bn));
     if (p->causal)
-        kb_end = chunk_hi < 0 ? kb0 : min64(kb1, chunk_hi / bn + 1);
+        kb_end = chunk_hi < 0 ? kb0 : min64(kb_end, chunk_hi / bn + 1);
 
     for (int64_t kb = kb0; kb < kb_end; kb++) {
         int64_t n0 = kb * bn;
-        int64_t nb = min64(bn, len - n0);
-        int64_t k_off = b * p->k_batch_stride + n0 * p->k_row_stride + kvh * p->k_head_stride;
-        int64_t v_off = b * p->v_batch_stride + n0 * p->v_row_stride + kvh * p->v_head_stride;
-        /*
-         * Every dtype is copied to an fp32 block, f32 included: cache rows are
-         * heads_kv * head_dim apart, and a block read in place at a power-of-two
-         * stride keeps hitting the same few L1 sets (so does head_dim itself:
-         * the copy's rows are job->kv_ld apart).
-         */
-        kern->widen(s.kbuf, job->kv_ld, (const unsigned char *)p->k + (size_t)k_off * es, nb,
-                    p->k_row_stride, hd, p->dtype);
-        kern->widen(s.vbuf, job->kv_ld, (const unsigned char *)p->v + (size_t)v_off * es, nb,
-                    p->v_row_stride, hd, p->dtype);
+        int64_t nb = min64(bn, key_end - n0);
+        load_kv(job, &s, b, g, kvh, n0, nb);
         for (int64_t t = 0; t < tiles; t++) {
             if (s.lim_hi[t] < n0)
                 continue;
@@ -547,7 +742,15 @@ static void fwd_item(void *ctx, int64_t item, int worker)
             int64_t row = r0 + t * tr + r;
             int64_t i = row / job->pack;
             int64_t h = row_head(job, unit, row);
-            write_row(job, s.rows + r * hd, s.m[t * tr + r], s.l[t * tr + r], b, i, h, split);
+            float *vals = s.rows + r * hd;
+            float m = s.m[t * tr + r], l = s.l[t * tr + r];
+            /* Every split marks such a row, so the merge keeps it NaN. */
+            if (s.lim[t * tr + r] >= key_end) {
+                for (int64_t d = 0; d < hd; d++)
+                    vals[d] = NAN;
+                m = l = NAN;
+            }
+            write_row(job, vals, m, l, b, i, h, split);
         }
     }
 }
@@ -566,20 +769,31 @@ static fmha_status validate(const fmha_fwd_params *p)
     if (p->num_splits < 1 || p->num_splits > FMHA_MAX_SPLITS || p->block_n < 1 ||
         p->block_n > FMHA_CPU_MAX_BLOCK_N)
         return FMHA_ERR_INVALID;
-    int64_t rows = p->batch * p->seqlen_q * p->heads_q;
+    if ((p->cu_seqlens_q && p->total_q < 0) || (p->cu_seqlens_k && p->total_k < 0))
+        return FMHA_ERR_INVALID;
+    /* Packed keys are their own key lengths: no cache to look up or append to. */
+    if (p->cu_seqlens_k && (p->seqlens_k || p->block_table || p->k_new))
+        return FMHA_ERR_INVALID;
+    if (p->block_table && (p->page_size < 16 || p->page_size % 16 != 0 || p->num_pages < 0 ||
+                           p->block_table_stride < 0))
+        return FMHA_ERR_INVALID;
+    int64_t rows = (p->cu_seqlens_q ? p->total_q : p->batch * p->seqlen_q) * p->heads_q;
     if (rows > 0 && (!p->q || !p->out))
         return FMHA_ERR_INVALID;
     if (p->k_new && (!p->v_new || !p->seqlens_k))
         return FMHA_ERR_INVALID;
-    int needs_kv = p->seqlen_k > 0 && p->batch > 0;
+    int needs_kv = p->cu_seqlens_k ? p->total_k > 0
+                   : p->block_table ? p->num_pages > 0
+                   : p->seqlen_k > 0 && p->batch > 0;
     if (needs_kv && (!p->k || !p->v))
         return FMHA_ERR_INVALID;
     return FMHA_OK;
 }
 
-/* KV append: k_new/v_new rows t go to cache rows seqlens_k[b] + t, for the
- * sequences whose rows fit (key_len). */
-static void append_kv(const fmha_fwd_params *p)
+/* KV append: k_new/v_new row t of sequence b goes to key position seqlens_k[b] + t
+ * (through the block table when paged), for the sequences that are not bad; a row
+ * whose page is out of range is not written. */
+static void append_kv(const fmha_fwd_params *p, const seq_geom *seqs)
 {
     size_t es = dtype_size(p->dtype);
     size_t row_bytes = (size_t)p->head_dim * es;
@@ -588,21 +802,29 @@ static void append_kv(const fmha_fwd_params *p)
     const unsigned char *kn = (const unsigned char *)p->k_new;
     const unsigned char *vn = (const unsigned char *)p->v_new;
     for (int64_t b = 0; b < p->batch; b++) {
-        if (key_len(p, b) < 0)
+        const seq_geom *g = &seqs[b];
+        if (g->bad)
             continue;
-        for (int64_t t = 0; t < p->seqlen_new; t++) {
-            int64_t dst_row = p->seqlens_k[b] + t;
+        for (int64_t t = 0; t < g->new_len; t++) {
+            int64_t pos = p->seqlens_k[b] + t;
+            int64_t kd, vd;
+            if (p->block_table) {
+                int64_t page = p->block_table[b * p->block_table_stride + pos / p->page_size];
+                if (!page_valid(p, page))
+                    continue;
+                kd = page * p->k_batch_stride + (pos % p->page_size) * p->k_row_stride;
+                vd = page * p->v_batch_stride + (pos % p->page_size) * p->v_row_stride;
+            } else {
+                kd = b * p->k_batch_stride + pos * p->k_row_stride;
+                vd = b * p->v_batch_stride + pos * p->v_row_stride;
+            }
+            int64_t ks = qrow_off(p, g, b, t, p->knew_batch_stride, p->knew_row_stride);
+            int64_t vs = qrow_off(p, g, b, t, p->vnew_batch_stride, p->vnew_row_stride);
             for (int64_t h = 0; h < p->heads_kv; h++) {
-                int64_t kd = b * p->k_batch_stride + dst_row * p->k_row_stride +
-                             h * p->k_head_stride;
-                int64_t vd = b * p->v_batch_stride + dst_row * p->v_row_stride +
-                             h * p->v_head_stride;
-                int64_t ks = b * p->knew_batch_stride + t * p->knew_row_stride +
-                             h * p->knew_head_stride;
-                int64_t vs = b * p->vnew_batch_stride + t * p->vnew_row_stride +
-                             h * p->vnew_head_stride;
-                memcpy(k + (size_t)kd * es, kn + (size_t)ks * es, row_bytes);
-                memcpy(v + (size_t)vd * es, vn + (size_t)vs * es, row_bytes);
+                memcpy(k + (size_t)(kd + h * p->k_head_stride) * es,
+                       kn + (size_t)(ks + h * p->knew_head_stride) * es, row_bytes);
+                memcpy(v + (size_t)(vd + h * p->v_head_stride) * es,
+                       vn + (size_t)(vs + h * p->vnew_head_stride) * es, row_bytes);
             }
         }
     }
@@ -622,33 +844,64 @@ static int checked_mul(size_t *out, const int64_t *factors, int n)
     return 1;
 }
 
+/* Everything fmha_cpu_fwd allocates, freed in one place. */
+typedef struct fwd_alloc {
+    seq_geom *seqs;
+    float *o_accum, *lse_accum;
+    combine_seq *cseqs;
+    void *ws;
+} fwd_alloc;
+
+static fmha_status fwd_free(fwd_alloc *a, fmha_status st)
+{
+    free(a->seqs);
+    free(a->o_accum);
+    free(a->lse_accum);
+    free(a->cseqs);
+    free(a->ws);
+    return st;
+}
+
 fmha_status fmha_cpu_fwd(fmha_fwd_params *p)
 {
     fmha_status st = validate(p);
     if (st != FMHA_OK)
         return st;
-    if (p->k_new && p->seqlen_new > 0 && p->heads_kv > 0)
-        append_kv(p);
-    if (p->batch * p->seqlen_q * p->heads_q == 0)
+    if (p->batch == 0)
         return FMHA_OK;
+    fwd_alloc own;
+    memset(&own, 0, sizeof own);
+    own.seqs = (seq_geom *)malloc((size_t)p->batch * sizeof *own.seqs);
+    if (!own.seqs)
+        return FMHA_ERR_NOMEM;
+    build_geometry(p, own.seqs);
+    if (p->k_new && p->heads_kv > 0)
+        append_kv(p, own.seqs);
 
     fwd_job job;
     memset(&job, 0, sizeof job);
     job.p = p;
+    job.seqs = own.seqs;
     job.kern = select_kernels();
     job.group = p->heads_q / p->heads_kv;
     /* Rows are independent, so packing a kv head's query heads into one tile is free to choose. */
     job.pack = job.group > 1 ? job.group : 1;
     job.units = job.pack > 1 ? p->heads_kv : p->heads_q;
-    job.unit_rows = p->seqlen_q * job.pack;
     job.splits = p->num_splits;
     /* Rows of whole cache lines plus one, so a column walk spreads over the L1 sets. */
     job.kv_ld = ceil_div(p->head_dim, FMHA_CPU_LINE_FLOATS) * FMHA_CPU_LINE_FLOATS +
                 FMHA_CPU_LINE_FLOATS;
 
     int64_t tr = job.kern->tile_rows;
-    int64_t unit_tiles = ceil_div(job.unit_rows, tr);
-    int64_t all_tiles = p->batch * job.units * unit_tiles * job.splits;
+    int64_t unit_tiles = 0, sum_tiles = 0;
+    for (int64_t b = 0; b < p->batch; b++) {
+        int64_t t = ceil_div(own.seqs[b].len_q * job.pack, tr);
+        unit_tiles = max64(unit_tiles, t);
+        sum_tiles += t;
+    }
+    int64_t all_tiles = job.units * sum_tiles * job.splits;
+    if (all_tiles == 0)
+        return fwd_free(&own, FMHA_OK);
     int workers = fmha_pool_workers(p->num_threads, all_tiles);
     job.chunk_tiles = all_tiles / ((int64_t)workers * FMHA_CPU_ITEMS_PER_WORKER);
     int64_t tile_bytes = 2 * p->head_dim * tr * (int64_t)sizeof(float); /* its Q and O */
@@ -658,41 +911,27 @@ fmha_status fmha_cpu_fwd(fmha_fwd_params *p)
     int64_t items = p->batch * job.units * job.chunks * job.splits;
     workers = fmha_pool_workers(p->num_threads, items);
 
-    float *own_o = NULL, *own_lse = NULL;
+    /* Split partials: [splits, batch, seqlen_q, ...], or [splits, 1, total_q, ...] packed. */
+    job.acc_rows = p->cu_seqlens_q ? p->total_q : p->batch * p->seqlen_q;
+    job.lacc_head_stride = p->cu_seqlens_q ? p->total_q : p->seqlen_q;
+    fmha_combine_params c;
+    memset(&c, 0, sizeof c);
     if (job.splits > 1) {
         size_t o_count, lse_count;
-        int64_t of[5] = {job.splits, p->batch, p->seqlen_q, p->heads_q, p->head_dim};
-        int64_t lf[4] = {job.splits, p->batch, p->heads_q, p->seqlen_q};
-        if (!checked_mul(&o_count, of, 5) || !checked_mul(&lse_count, lf, 4) ||
+        int64_t of[4] = {job.splits, job.acc_rows, p->heads_q, p->head_dim};
+        int64_t lf[3] = {job.splits, job.acc_rows, p->heads_q};
+        if (!checked_mul(&o_count, of, 4) || !checked_mul(&lse_count, lf, 3) ||
             o_count > SIZE_MAX / sizeof(float))
-            return FMHA_ERR_NOMEM;
+            return fwd_free(&own, FMHA_ERR_NOMEM);
         job.o_accum = p->o_accum;
         job.lse_accum = p->lse_accum;
         if (!job.o_accum)
-            job.o_accum = own_o = (float *)malloc(o_count * sizeof(float));
+            job.o_accum = own.o_accum = (float *)malloc(o_count * sizeof(float));
         if (!job.lse_accum)
-            job.lse_accum = own_lse = (float *)malloc(lse_count * sizeof(float));
-        if (!job.o_accum || !job.lse_accum) {
-            free(own_o);
-            free(own_lse);
-            return FMHA_ERR_NOMEM;
-        }
-    }
+            job.lse_accum = own.lse_accum = (float *)malloc(lse_count * sizeof(float));
+        if (!job.o_accum || !job.lse_accum)
+            return fwd_free(&own, FMHA_ERR_NOMEM);
 
-    job.ws_bytes = scratch_layout(&job, NULL, NULL);
-    void *ws = NULL;
-    if (posix_memalign(&ws, FMHA_CPU_ALIGN, job.ws_bytes * (size_t)workers) != 0) {
-        free(own_o);
-        free(own_lse);
-        return FMHA_ERR_NOMEM;
-    }
-    job.ws = (unsigned char *)ws;
-    fmha_pool_run(items, workers, fwd_item, &job);
-    free(ws);
-
-    if (job.splits > 1) {
-        fmha_combine_params c;
-        memset(&c, 0, sizeof c);
         c.num_splits = job.splits;
         c.batch = p->batch;
         c.seqlen_q = p->seqlen_q;
@@ -704,12 +943,12 @@ fmha_status fmha_cpu_fwd(fmha_fwd_params *p)
         c.op_head_stride = p->head_dim;
         c.op_row_stride = p->heads_q * c.op_head_stride;
         c.op_batch_stride = p->seqlen_q * c.op_row_stride;
-        c.op_split_stride = p->batch * c.op_batch_stride;
+        c.op_split_stride = job.acc_rows * c.op_row_stride;
         c.lse_partial = job.lse_accum;
         c.lp_row_stride = 1;
-        c.lp_head_stride = p->seqlen_q;
-        c.lp_batch_stride = p->heads_q * c.lp_head_stride;
-        c.lp_split_stride = p->batch * c.lp_batch_stride;
+        c.lp_head_stride = job.lacc_head_stride;
+        c.lp_batch_stride = p->heads_q * p->seqlen_q;
+        c.lp_split_stride = p->heads_q * job.acc_rows;
         c.out = p->out;
         c.o_batch_stride = p->o_batch_stride;
         c.o_row_stride = p->o_row_stride;
@@ -718,10 +957,23 @@ fmha_status fmha_cpu_fwd(fmha_fwd_params *p)
         c.lse_batch_stride = p->lse_batch_stride;
         c.lse_head_stride = p->lse_head_stride;
         c.lse_row_stride = p->lse_row_stride;
+        c.cu_seqlens_q = p->cu_seqlens_q;
+        c.total_q = p->total_q;
         c.num_threads = p->num_threads;
-        combine_run(&c);
-        free(own_o);
-        free(own_lse);
+        /* Sized before the producers run, so running out of memory leaves no half result. */
+        int64_t citems;
+        if (c.cu_seqlens_q && !(own.cseqs = combine_seqs(&c, &citems)))
+            return fwd_free(&own, FMHA_ERR_NOMEM);
     }
-    return FMHA_OK;
+
+    job.ws_bytes = scratch_layout(&job, NULL, NULL);
+    if (posix_memalign(&own.ws, FMHA_CPU_ALIGN, job.ws_bytes * (size_t)workers) != 0) {
+        own.ws = NULL;
+        return fwd_free(&own, FMHA_ERR_NOMEM);
+    }
+    job.ws = (unsigned char *)own.ws;
+    fmha_pool_run(items, workers, fwd_item, &job);
+    if (job.splits > 1)
+        combine_run(&c, own.cseqs);
+    return fwd_free(&own, FMHA_OK);
 }
