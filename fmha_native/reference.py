@@ -2,8 +2,11 @@
 
 Owns the slow, obviously-correct statement of the contract in DESIGN.md section 2:
 scores over a masked matrix, a plain (not online) softmax, GQA by head repetition,
-bottom-right causal alignment per batch entry, rows that see no key giving out = 0 and
-lse = -inf, the KV-cache append, and the merge of partial states (combine).
+bottom-right causal alignment per sequence, rows that see no key giving out = 0 and
+lse = -inf, the KV-cache append (dense or through a block table), packed (varlen)
+sequences, and the merge of partial states (combine).  A paged cache is gathered into a
+dense one and packed rows are split into one array per sequence before any attention
+math, so the attention itself is written once, for one sequence.
 
 It shares no code with the C backends on purpose: an oracle that reused their tiling or
 their online softmax would agree with their bugs.  Everything is float64; inputs are
@@ -67,11 +70,40 @@ def _check_4d(name, x):
         raise ValueError(f"{name} must be 4-D [batch, seqlen, heads, head_dim], got shape {x.shape}")
 
 
+def _check_nd(name, x, ndim, layout):
+    if x.ndim != ndim:
+        raise ValueError(f"{name} must be {ndim}-D {layout}, got shape {x.shape}")
+
+
+def _ints(x, name):
+    """Integer metadata (any array kind) as an int64 NumPy array."""
+    arr = to_float64(x, name)
+    if not np.all(np.isfinite(arr)) or not np.all(arr == np.round(arr)):
+        raise ValueError(f"{name} must hold integers")
+    return arr.astype(np.int64)
+
+
+def _cu_seqlens(cu, name, batch, total):
+    """Per-sequence (start, length) of a packed dimension of `total` rows."""
+    cu = _ints(cu, name).reshape(-1)
+    if batch is not None and cu.shape != (batch + 1,):
+        raise ValueError(f"{name} must have shape ({batch + 1},), got {cu.shape}")
+    if cu.shape[0] < 1 or cu[0] != 0 or (np.diff(cu) < 0).any() or cu[-1] != total:
+        raise ValueError(f"{name} must start at 0, never decrease and end at {total}, got {cu}")
+    return cu[:-1], np.diff(cu)
+
+
+def _check_bound(name, lengths, bound):
+    if bound is not None and lengths.size and int(lengths.max()) > int(bound):
+        raise ValueError(f"a sequence is longer than {name}={bound}: lengths {lengths}")
+
+
 def _key_lengths(batch, seqlen_k, cache_seqlens, seqlen_new):
-    """Valid keys per batch entry: the capacity, or cache_seqlens[b] + seqlen_new."""
+    """Valid keys per sequence: the capacity, or cache_seqlens[b] + new rows of b
+    (seqlen_new: an int, or one count per sequence)."""
     if cache_seqlens is None:
         return np.full(batch, seqlen_k, dtype=np.int64)
-    lengths = np.asarray(to_float64(cache_seqlens, "cache_seqlens"), dtype=np.int64).reshape(-1)
+    lengths = _ints(cache_seqlens, "cache_seqlens").reshape(-1)
     if lengths.shape != (batch,):
         raise ValueError(f"cache_seqlens must have shape ({batch},), got {lengths.shape}")
     total = lengths + seqlen_new
@@ -80,31 +112,87 @@ def _key_lengths(batch, seqlen_k, cache_seqlens, seqlen_new):
     return total
 
 
-def append_kv(k, v, cache_seqlens, k_new, v_new):
-    """The caches after appending: copies of k and v with k_new[b, t] / v_new[b, t]
-    written at row cache_seqlens[b] + t.  Rows outside that range keep their values.
+def _pages(block_table, batch, num_pages, page_size, lengths):
+    """The block table as int64 [batch, max_blocks], every entry that holds one of the
+    first lengths[b] keys of b checked to name a page; entries past a sequence's length
+    may hold anything and are read as page 0 (their keys are never attended)."""
+    table = _ints(block_table, "block_table")
+    if table.ndim != 2 or table.shape[0] != batch:
+        raise ValueError(f"block_table must be [batch={batch}, max_blocks], got {table.shape}")
+    used = np.arange(table.shape[1])[None, :] * page_size < lengths[:, None]
+    bad = used & ((table < 0) | (table >= num_pages))
+    if bad.any():
+        raise ValueError(f"block_table entries within a sequence's length must lie in "
+                         f"[0, {num_pages}), got {table[bad]}")
+    return np.where(used, table, 0)
 
-    k, v: [batch, capacity, heads_kv, head_dim]; k_new, v_new: [batch, seqlen_new,
-    heads_kv, head_dim]; cache_seqlens: [batch] integers.  Returns float64 arrays.
-    """
-    k_out, v_out = to_float64(k, "k"), to_float64(v, "v")
+
+def _new_rows(k_new, v_new, batch, q_starts, q_lens):
+    """k_new/v_new as float64 plus, per sequence, (first row, count) of its new rows:
+    packed [total_q, heads_kv, head_dim] following cu_seqlens_q when q_starts is given,
+    else [batch, seqlen_new, heads_kv, head_dim]."""
     k_add, v_add = to_float64(k_new, "k_new"), to_float64(v_new, "v_new")
-    for name, x in (("k", k_out), ("v", v_out), ("k_new", k_add), ("v_new", v_add)):
-        _check_4d(name, x)
     if k_add.shape != v_add.shape:
         raise ValueError(f"k_new {k_add.shape} and v_new {v_add.shape} must have the same shape")
-    batch, capacity = k_out.shape[:2]
+    if q_starts is not None:
+        _check_nd("k_new", k_add, 3, "[total_q, heads_kv, head_dim] with cu_seqlens_q")
+        if k_add.shape[0] != int(q_starts[-1] + q_lens[-1] if batch else 0):
+            raise ValueError(f"k_new must have total_q rows, got shape {k_add.shape}")
+        return k_add, v_add, q_starts, q_lens
+    _check_4d("k_new", k_add)
+    if k_add.shape[0] != batch:
+        raise ValueError(f"k_new must have batch={batch} entries, got shape {k_add.shape}")
     seqlen_new = k_add.shape[1]
-    lengths = _key_lengths(batch, capacity, cache_seqlens, seqlen_new) - seqlen_new
+    # Dense new rows of b: rows [b * seqlen_new, (b + 1) * seqlen_new) of the flattened array.
+    flat = (-1,) + k_add.shape[2:]
+    starts = np.arange(batch, dtype=np.int64) * seqlen_new
+    return (k_add.reshape(flat), v_add.reshape(flat), starts,
+            np.full(batch, seqlen_new, dtype=np.int64))
+
+
+def append_kv(k, v, cache_seqlens, k_new, v_new, *, block_table=None, cu_seqlens_q=None):
+    """The caches after appending: copies of k and v (float64, in their own layout) with
+    the new rows of each sequence written at key positions cache_seqlens[b] + t.
+    Everything else keeps its values; the caller's arrays are never modified.
+
+    Dense caches k, v [batch, capacity, heads_kv, head_dim]; paged caches
+    [num_pages, page_size, heads_kv, head_dim] with block_table [batch, max_blocks]:
+    key position p of b is slot p % page_size of page block_table[b, p // page_size].
+    k_new, v_new [batch, seqlen_new, heads_kv, head_dim], or packed
+    [total_q, heads_kv, head_dim] with cu_seqlens_q (sequence b appends its
+    cu_seqlens_q[b+1] - cu_seqlens_q[b] rows).  cache_seqlens: [batch] integers.
+    """
+    k_out, v_out = to_float64(k, "k"), to_float64(v, "v")
+    for name, x in (("k", k_out), ("v", v_out)):
+        _check_4d(name, x)
+    if block_table is not None:
+        batch = np.shape(block_table)[0]
+        page_size = k_out.shape[1]
+        capacity = np.shape(block_table)[1] * page_size
+    else:
+        batch, capacity = k_out.shape[:2]
+    q_starts = q_lens = None
+    if cu_seqlens_q is not None:
+        total_q = np.shape(k_new)[0]
+        q_starts, q_lens = _cu_seqlens(cu_seqlens_q, "cu_seqlens_q", batch, total_q)
+    k_add, v_add, starts, counts = _new_rows(k_new, v_new, batch, q_starts, q_lens)
+    cached = _key_lengths(batch, capacity, cache_seqlens, counts) - counts
+    if block_table is not None:
+        table = _pages(block_table, batch, k_out.shape[0], page_size, cached + counts)
     for b in range(batch):
-        start = int(lengths[b])
-        k_out[b, start:start + seqlen_new] = k_add[b]
-        v_out[b, start:start + seqlen_new] = v_add[b]
+        for t in range(int(counts[b])):
+            pos, src = int(cached[b]) + t, int(starts[b]) + t
+            if block_table is None:
+                k_out[b, pos], v_out[b, pos] = k_add[src], v_add[src]
+            else:
+                page = table[b, pos // page_size]
+                k_out[page, pos % page_size] = k_add[src]
+                v_out[page, pos % page_size] = v_add[src]
     return k_out, v_out
 
 
 def _attend_one_head(q_bh, k_bh, v_bh, scale, causal, key_len):
-    """One (batch, head): q_bh [seqlen_q, d], k_bh/v_bh [seqlen_k, d] -> (out, lse)."""
+    """One (sequence, head): q_bh [seqlen_q, d], k_bh/v_bh [>= key_len, d] -> (out, lse)."""
     seqlen_q, head_dim = q_bh.shape
     out = np.zeros((seqlen_q, head_dim))
     lse = np.full(seqlen_q, -np.inf)
@@ -138,50 +226,124 @@ def _attend_one_head(q_bh, k_bh, v_bh, scale, causal, key_len):
 
 
 def forward(q, k, v, *, causal=False, softmax_scale=None, return_lse=True,
-            cache_seqlens=None, k_new=None, v_new=None):
+            cache_seqlens=None, k_new=None, v_new=None, block_table=None,
+            cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None):
     """Attention forward in float64: the contract of fmha_native.forward, slowly.
 
     q [batch, seqlen_q, heads_q, head_dim]; k, v [batch, seqlen_k, heads_kv, head_dim].
-    Returns (out, lse) as float64: out [batch, seqlen_q, heads_q, head_dim],
-    lse [batch, heads_q, seqlen_q] (natural log); only out when return_lse is False.
+    Returns (out, lse) as float64: out like q, lse [batch, heads_q, seqlen_q] (natural
+    log); only out when return_lse is False.
 
-    cache_seqlens [batch]: batch entry b attends to its first cache_seqlens[b] keys.
+    cache_seqlens [batch]: sequence b attends to its first cache_seqlens[b] keys.
     k_new, v_new [batch, seqlen_new, heads_kv, head_dim] (with cache_seqlens): appended at
-    row cache_seqlens[b] of copies of k and v (the inputs are never modified; use
-    append_kv for the expected caches), and attention then covers
-    cache_seqlens[b] + seqlen_new keys.  Causal alignment uses each entry's own length.
+    key position cache_seqlens[b] of copies of k and v (the inputs are never modified;
+    use append_kv for the expected caches), and attention then covers
+    cache_seqlens[b] + seqlen_new keys.
+
+    block_table int [batch, max_blocks]: k and v are a paged cache
+    [num_pages, page_size, heads_kv, head_dim]; key j of b is slot j % page_size of page
+    block_table[b, j // page_size]; the capacity is max_blocks * page_size.
+
+    cu_seqlens_q int [batch + 1]: q is packed [total_q, heads_q, head_dim], sequence b
+    owning rows [cu_seqlens_q[b], cu_seqlens_q[b+1]); out is packed like q and lse is
+    [heads_q, total_q].  k_new/v_new are then packed like q too (sequence b appends as
+    many rows as it has queries).  cu_seqlens_k int [batch + 1] (with cu_seqlens_q, no
+    cache): k and v are packed [total_k, heads_kv, head_dim] the same way.
+    max_seqlen_q / max_seqlen_k: bounds only; a longer packed sequence is a ValueError.
+
+    Causal alignment is bottom-right per sequence: query i of b sees key j iff
+    j <= i + len_k(b) - len_q(b).
     """
     qf, kf, vf = to_float64(q, "q"), to_float64(k, "k"), to_float64(v, "v")
-    for name, x in (("q", qf), ("k", kf), ("v", vf)):
-        _check_4d(name, x)
     if (k_new is None) != (v_new is None):
         raise ValueError("k_new and v_new must be given together")
     if k_new is not None and cache_seqlens is None:
         raise ValueError("k_new/v_new need cache_seqlens")
-    seqlen_new = 0
-    if k_new is not None:
-        seqlen_new = np.shape(k_new)[1]
-        kf, vf = append_kv(kf, vf, cache_seqlens, k_new, v_new)
+    if cu_seqlens_k is not None and cu_seqlens_q is None:
+        raise ValueError("cu_seqlens_k needs cu_seqlens_q")
+    if cu_seqlens_k is not None and (cache_seqlens is not None or block_table is not None):
+        raise ValueError("cu_seqlens_k cannot be combined with cache_seqlens or block_table")
 
-    batch, seqlen_q, heads_q, head_dim = qf.shape
-    if kf.shape != vf.shape or kf.shape[0] != batch or kf.shape[3] != head_dim:
-        raise ValueError(f"k {kf.shape} and v {vf.shape} must be [batch={batch}, seqlen_k, "
-                         f"heads_kv, head_dim={head_dim}]")
-    seqlen_k, heads_kv = kf.shape[1], kf.shape[2]
+    # Queries: one [len_q, heads_q, head_dim] array per sequence.
+    if cu_seqlens_q is not None:
+        _check_nd("q", qf, 3, "[total_q, heads_q, head_dim] with cu_seqlens_q")
+        batch = np.shape(cu_seqlens_q)[0] - 1
+        q_starts, q_lens = _cu_seqlens(cu_seqlens_q, "cu_seqlens_q", batch, qf.shape[0])
+        _check_bound("max_seqlen_q", q_lens, max_seqlen_q)
+        q_seqs = [qf[s:s + n] for s, n in zip(q_starts, q_lens)]
+    else:
+        _check_4d("q", qf)
+        batch = qf.shape[0]
+        q_starts = q_lens = None
+        q_seqs = list(qf)
+    heads_q, head_dim = qf.shape[-2:]
+
+    # Keys: one [>= len_k, heads_kv, head_dim] array per sequence, plus len_k.
+    if cu_seqlens_k is not None:
+        _check_nd("k", kf, 3, "[total_k, heads_kv, head_dim] with cu_seqlens_k")
+        if kf.shape != vf.shape:
+            raise ValueError(f"k {kf.shape} and v {vf.shape} must have the same shape")
+        k_starts, lengths = _cu_seqlens(cu_seqlens_k, "cu_seqlens_k", batch, kf.shape[0])
+        _check_bound("max_seqlen_k", lengths, max_seqlen_k)
+        k_seqs = [kf[s:s + n] for s, n in zip(k_starts, lengths)]
+        v_seqs = [vf[s:s + n] for s, n in zip(k_starts, lengths)]
+    else:
+        _check_4d("k", kf)
+        _check_4d("v", vf)
+        if kf.shape != vf.shape:
+            raise ValueError(f"k {kf.shape} and v {vf.shape} must have the same shape")
+        paged = block_table is not None
+        if paged:
+            page_size = kf.shape[1]
+            capacity = np.shape(block_table)[1] * page_size
+        else:
+            if kf.shape[0] != batch:
+                raise ValueError(f"k {kf.shape} must be [batch={batch}, seqlen_k, heads_kv, "
+                                 f"head_dim]")
+            capacity = kf.shape[1]
+        new_counts = 0
+        if k_new is not None:
+            kf, vf = append_kv(kf, vf, cache_seqlens, k_new, v_new, block_table=block_table,
+                               cu_seqlens_q=cu_seqlens_q)
+            new_counts = q_lens if q_lens is not None else np.shape(k_new)[1]
+        lengths = _key_lengths(batch, capacity, cache_seqlens, new_counts)
+        if max_seqlen_k is not None and int(max_seqlen_k) > capacity:
+            raise ValueError(f"max_seqlen_k={max_seqlen_k} is above the capacity {capacity}")
+        if paged:
+            table = _pages(block_table, batch, kf.shape[0], page_size, lengths)
+            tail = kf.shape[2:]
+            k_seqs = [kf[table[b]].reshape((capacity,) + tail) for b in range(batch)]
+            v_seqs = [vf[table[b]].reshape((capacity,) + tail) for b in range(batch)]
+        else:
+            k_seqs, v_seqs = list(kf), list(vf)
+    heads_kv = kf.shape[-2]
+    if kf.shape[-1] != head_dim:
+        raise ValueError(f"k has head_dim {kf.shape[-1]}, q has {head_dim}")
     if heads_kv == 0 or heads_q % heads_kv != 0:
         raise ValueError(f"heads_q ({heads_q}) must be a multiple of heads_kv ({heads_kv})")
     group = heads_q // heads_kv
     scale = 1.0 / math.sqrt(head_dim) if softmax_scale is None else float(softmax_scale)
-    lengths = _key_lengths(batch, seqlen_k, cache_seqlens, seqlen_new)
 
-    out = np.zeros((batch, seqlen_q, heads_q, head_dim))
-    lse = np.full((batch, heads_q, seqlen_q), -np.inf)
+    outs, lses = [], []
     for b in range(batch):
+        q_b = q_seqs[b]
+        out_b = np.zeros(q_b.shape)
+        lse_b = np.full((heads_q, q_b.shape[0]), -np.inf)
         for h in range(heads_q):
-            kv_head = h // group
-            out[b, :, h], lse[b, h] = _attend_one_head(
-                qf[b, :, h], kf[b, :, kv_head], vf[b, :, kv_head], scale, causal,
+            out_b[:, h], lse_b[h] = _attend_one_head(
+                q_b[:, h], k_seqs[b][:, h // group], v_seqs[b][:, h // group], scale, causal,
                 int(lengths[b]))
+        outs.append(out_b)
+        lses.append(lse_b)
+    if cu_seqlens_q is not None:
+        out = np.zeros(qf.shape)
+        lse = np.full((heads_q, qf.shape[0]), -np.inf)
+        for b in range(batch):
+            out[q_starts[b]:q_starts[b] + q_lens[b]] = outs[b]
+            lse[:, q_starts[b]:q_starts[b] + q_lens[b]] = lses[b]
+    else:
+        out = np.stack(outs) if batch else np.zeros(qf.shape)
+        lse = np.stack(lses) if batch else np.full((0, heads_q, qf.shape[1]), -np.inf)
     return (out, lse) if return_lse else out
 
 
