@@ -60,24 +60,28 @@
  * constants against these rows.  The planner picks it for prefill on cc 9.x
  * when the build has sm_90a code (plan.c says when else).
  */
-#define FMHA_GPU_SM90_CONFIGS(X)   \
-    X(64, 192, 128, 16, 3, 1, 1)   \
+#ifndef FMHA_SM90_D64_CONSUMERS
+#define FMHA_SM90_D64_CONSUMERS 3 /* a build knob for comparisons (sm90_variants.sh) */
+#endif
+#define FMHA_GPU_SM90_CONFIGS(X)                                                          \
+    X(64, 64 * FMHA_SM90_D64_CONSUMERS, 128, 4 * (1 + FMHA_SM90_D64_CONSUMERS), 3, 1, 1) \
     X(128, 128, 128, 12, 2, 1, 1)
 
 /*
- * How the two consumer warpgroups of the sm90 kernel share the tensor cores
+ * How the consumer warpgroups of the sm90 kernel share the tensor cores
  * (fmha_fwd_params.schedule): INTERLEAVED, each issues its products as soon as
  * its operands are there; PINGPONG, they take turns, so one's softmax runs
- * under the other's products.  Ping-pong pays when the products are long
- * enough to hide a softmax (head_dim >= FMHA_SM90_PINGPONG_MIN_HEAD_DIM) and
- * the tiles walk enough key blocks that the turn hand-offs at a tile's start
- * and end are a small part of it (on average at least
- * FMHA_SM90_PINGPONG_MIN_BLOCKS; causal tiles walk about half the keys);
+ * under the others' products.  Ping-pong pays when the products of the other
+ * warpgroups are long enough to hide a softmax (head_dim >=
+ * FMHA_SM90_PINGPONG_MIN_HEAD_DIM: every head_dim now that d64 tiles have
+ * three consumers) and the tiles walk enough key blocks that the turn
+ * hand-offs at a tile's start and end are a small part of it (on average at
+ * least FMHA_SM90_PINGPONG_MIN_BLOCKS; causal tiles walk about half the keys);
  * otherwise interleaved is faster.  The rule is plan.c's sm90_schedule().
  */
 #define FMHA_SM90_INTERLEAVED 0
 #define FMHA_SM90_PINGPONG 1
-#define FMHA_SM90_PINGPONG_MIN_HEAD_DIM 128
+#define FMHA_SM90_PINGPONG_MIN_HEAD_DIM (FMHA_SM90_D64_CONSUMERS >= 3 ? 64 : 128)
 #define FMHA_SM90_PINGPONG_MIN_BLOCKS 16
 
 /* One-warp walkers per decode CTA.  AMD: a workgroup has 64 KB of LDS, one

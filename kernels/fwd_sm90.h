@@ -57,11 +57,9 @@ constexpr int TURN_BARRIER = 1 + MAX_CONSUMERS; /* named barrier TURN_BARRIER + 
  * Consumer warpgroups of 64 rows per CTA.  A warpgroup's softmax must hide
  * under the other warpgroups' products: at head_dim 128 one block's products
  * take about as long as its softmax, so two suffice; at 64 they take half as
- * long and it takes three (a 192-row tile).
+ * long and it takes three (a 192-row tile; FMHA_SM90_D64_CONSUMERS in
+ * fmha_config.h, whose tile table says the same).
  */
-#ifndef FMHA_SM90_D64_CONSUMERS
-#define FMHA_SM90_D64_CONSUMERS 3
-#endif
 template <int HEAD_DIM> struct tile_shape {
     static constexpr int consumers = HEAD_DIM <= 64 ? FMHA_SM90_D64_CONSUMERS : 2;
     static constexpr int block_m = consumers * WGMMA_M;         /* query rows per CTA */

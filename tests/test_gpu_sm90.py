@@ -173,7 +173,7 @@ def test_out_tma_cannot_address_runs_on_the_old_kernel(torch):
 
 @pytest.mark.parametrize("dtype,head_dim,causal,want", [
     ("bf16", 128, True, "fwd_sm90<bfloat16,d128,causal,"),
-    ("f16", 64, False, "fwd_sm90<float16,d64,interleaved>"),  # d64 is always interleaved
+    ("f16", 64, False, "fwd_sm90<float16,d64,pingpong>"),  # 32 key blocks per row: ping-pong
 ])
 def test_explain_names_the_sm90_kernel(torch, dtype, head_dim, causal, want):
     q, k, v = qkv(torch, 2, 4096, 4096, 16, 4, head_dim, dtype, seed=3)
