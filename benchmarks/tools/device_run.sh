@@ -21,6 +21,9 @@
 #             this tree as installed; a table of median ours_ms per row and the ratios
 #   sweep     benchmarks/sweep_splits.py (sweep.json, sweep.log)
 #   cpubench  benchmarks/bench_cpu.py --threads 16 (bench_cpu.log)
+#   serving   benchmarks/bench_serving.py: paged decode vs contiguous, varlen vs dense
+#             (serving.json, serving.log)
+#   hostcost  benchmarks/host_overhead.py (host_overhead.log)
 # BENCH_ARGS adds bench.py options (e.g. BENCH_ARGS="--set decode --reps 50").
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -154,7 +157,16 @@ if has bench; then
   tail -3 "$OUT/bench_rows.log"
   [ -s "$OUT/bench.json" ] && python3 benchmarks/results_tables.py --bench "$OUT/bench.json" > "$OUT/results_tables.md"
 fi
+if has serving; then
+  python3 benchmarks/bench_serving.py --json "$OUT/serving.json" > "$OUT/serving.log" 2> "$OUT/serving_rows.log"
+  note serving $? "$OUT/serving_rows.log"
+fi
+if has hostcost; then
+  python3 benchmarks/host_overhead.py > "$OUT/host_overhead.log" 2>&1; note hostcost $? "$OUT/host_overhead.log"
+fi
 echo "stages: ${summary[*]:-none}"
+has hostcost && tail -25 "$OUT/host_overhead.log"
+has serving && cat "$OUT/serving.log"
 has bench && cat "$OUT/bench.log"
 has compare && cat "$OUT/compare.md"
 exit $status
