@@ -8,7 +8,8 @@
  * folded in a fixed order (below), so results are deterministic.  A split
  * with lse_g = -inf adds nothing; a row whose splits are all -inf gives
  * out = 0 and lse = -inf; a NaN partial gives NaN.  Used after the split
- * producers and by fmha_native.combine.
+ * producers (also of packed sequences: cu_seqlens_q) and by
+ * fmha_native.combine.
  */
 #include "convert.h"
 #include "fold.h"
@@ -85,9 +86,19 @@ __global__ void __launch_bounds__(COMBINE_THREADS, 1) combine_kernel(const fmha_
     const int r = threadIdx.x / team, group = threadIdx.x % team / shape.lanes;
     const int lane = threadIdx.x % shape.lanes;
     const int64_t row = (int64_t)blockIdx.x * shape.rows + r;
-    const bool active = r < shape.rows && row < c.batch * c.seqlen_q * c.heads;
+    bool active = r < shape.rows && row < c.batch * c.seqlen_q * c.heads;
     const fmha_qr hq = fmha_divide(row, c.heads), ib = fmha_divide(hq.q, c.seqlen_q);
-    const int64_t h = hq.r, i = ib.r, b = ib.q;
+    /* Query i of sequence b, head h: at batch b, row i of the tensors, or with packed
+     * sequences at row cu_seqlens_q[b] + i (clamped as the producer clamps it); rows past
+     * the sequence's length do nothing but meet the barriers. */
+    const int64_t h = hq.r;
+    int64_t i = ib.r, b = ib.q;
+    if (c.cu_seqlens_q && active) {
+        const packed_span s = packed_span_of(c.cu_seqlens_q, b, c.total_q, c.seqlen_q);
+        active = i < s.len;
+        b = 0;
+        i += s.start;
+    }
     const float *lse_row = c.lse_partial + b * c.lp_batch_stride + h * c.lp_head_stride + i * c.lp_row_stride;
     const TIn *o_row = static_cast<const TIn *>(c.o_partial) + b * c.op_batch_stride + i * c.op_row_stride +
                        h * c.op_head_stride;

@@ -16,6 +16,12 @@
  * A walker is a group of warps (the whole CTA, or one warp of a decode CTA)
  * with its own Q tile, K/V ring and key blocks; walkers_per_split of them may
  * share one split's key blocks and merge their rows in shared memory.
+ *
+ * Each sequence has its own geometry (fmha.h: packed sequences, key lengths, a
+ * paged KV cache): the grid is made for the longest one, and make_work gives
+ * each walker its sequence's rows and keys; K/V rows of a paged cache come
+ * through the block table (load_rows_paged, a template flag of the kernel, so
+ * dense calls run the same code as before).
  */
 #ifndef FMHA_FWD_MMA_H
 #define FMHA_FWD_MMA_H
@@ -24,6 +30,7 @@
 #include "fmha_config.h"
 #include "fold.h"
 #include "hip_compat.h"
+#include "launch.h" /* packed_span_of: the clamp of device sequence bounds */
 #if FMHA_DEVICE_IS_AMD
 #include "mma_amd.h" /* MFMA engine; same fragment interface */
 #else
@@ -154,6 +161,74 @@ __device__ __forceinline__ void load_rows(const Copy &put, const T *first_row, i
     }
 }
 
+namespace {
+/* 16 bytes that are NaN as fp16 and as bf16 alike (copied into K rows of a bad page). */
+__device__ const uint4 nan_chunk = {0x7fff7fffu, 0x7fff7fffu, 0x7fff7fffu, 0x7fff7fffu};
+}  // namespace
+
+/*
+ * load_rows for the K and V tiles of one key block of a paged cache: key
+ * key0 + row is row key % page_size of page table[key / page_size] (fmha.h),
+ * the page stride being k/v_batch_stride.  page_size is a multiple of 16 and
+ * key0 one of BLOCK_N, so the 16 rows of an aligned group share a page: a
+ * thread reads the table once per run of its passes inside one group, not
+ * once per row, and steps to the next run's page slot without a division.
+ * Rows at or past valid_rows are zero-filled and read no table entry.  A page
+ * outside [0, num_pages) is never read: its K rows are NaN chunks, so every
+ * row that would see one of its keys gets a NaN score and comes out NaN, while
+ * rows that mask the key select -inf as for any other; its V rows are zeros.
+ */
+template <int ROWS, int HEAD_DIM, int THREADS, typename T, typename Copy>
+__device__ __forceinline__ void load_rows_paged(const Copy &put_k, const Copy &put_v, const T *k, const T *v,
+                                                const fmha_fwd_params &p, const int32_t *table, int64_t key0,
+                                                int64_t valid_rows, int tid)
+{
+    using tile = smem_tile<ROWS, HEAD_DIM>;
+    static_assert(THREADS % tile::CHUNKS == 0, "a pass of the threads copies whole rows");
+    constexpr int ROWS_PER_PASS = THREADS / tile::CHUNKS;
+    static_assert(ROWS % 16 == 0 && ROWS % ROWS_PER_PASS == 0, "the passes cover whole 16-row groups");
+    static_assert(ROWS_PER_PASS <= 16 ? 16 % ROWS_PER_PASS == 0 : ROWS_PER_PASS % 16 == 0,
+                  "a run of passes stays inside one 16-row group");
+    constexpr int RUN = ROWS_PER_PASS <= 16 ? 16 / ROWS_PER_PASS : 1; /* passes per table read */
+    constexpr int RUN_ROWS = RUN * ROWS_PER_PASS;                      /* rows between runs */
+    constexpr int RUNS = ROWS / RUN_ROWS;
+    const int row0 = tid / tile::CHUNKS, chunk = tid % tile::CHUNKS;
+    const T *nan_src = reinterpret_cast<const T *>(&nan_chunk);
+    /* Table entry and page row of this thread's first row; later runs step by RUN_ROWS. */
+    fmha_qr at = fmha_divide(key0 + row0, p.page_size);
+#pragma unroll
+    for (int run = 0; run < RUNS; run++) {
+        const int first = row0 + run * RUN_ROWS;
+        if (run > 0) {
+            if constexpr (RUN_ROWS <= 16) {
+                /* page_size >= 16: a step crosses at most one page boundary. */
+                at.r += RUN_ROWS;
+                if (at.r >= p.page_size) {
+                    at.r -= p.page_size;
+                    at.q += 1;
+                }
+            } else {
+                at = fmha_divide(key0 + first, p.page_size);
+            }
+        }
+        int64_t page = -1;
+        if (first < valid_rows) /* the run's rows ascend: none is valid past its first */
+            page = table[at.q];
+        const bool ok = page >= 0 && page < p.num_pages;
+        const int64_t page_k = ok ? page * p.k_batch_stride + at.r * p.k_row_stride : 0;
+        const int64_t page_v = ok ? page * p.v_batch_stride + at.r * p.v_row_stride : 0;
+        const T *k_src = k + page_k + chunk * ELEMS_PER_CHUNK, *v_src = v + page_v + chunk * ELEMS_PER_CHUNK;
+#pragma unroll
+        for (int i = 0; i < RUN; i++) {
+            const int row = first + i * ROWS_PER_PASS;
+            const bool valid = row < valid_rows, real = valid && ok;
+            const int byte_offset = tile::offset(row, chunk) * (int)sizeof(T);
+            put_k(byte_offset, real ? k_src + i * ROWS_PER_PASS * p.k_row_stride : valid ? nan_src : k, valid);
+            put_v(byte_offset, real ? v_src + i * ROWS_PER_PASS * p.v_row_stride : v, real);
+        }
+    }
+}
+
 /*
  * The work of one walker: which batch entry, heads, rows, and key blocks.
  * Walker unit u runs piece u / walkers_per_split (a tile and a split of its
@@ -166,11 +241,16 @@ struct cta_work {
     int64_t b;        /* batch entry */
     int64_t slot;     /* query head, or kv head when pack_gqa */
     int64_t group;    /* query heads per kv head */
-    int64_t rows;     /* tile rows in the problem: seqlen_q, times group when packed; 0 for an
+    int64_t rows;     /* tile rows of this sequence: len_q(b), times group when packed; 0 for an
                          idle walker (the last CTA's walkers past the problem's pieces) */
-    int64_t row0;     /* first row of this tile */
-    int64_t len_k;    /* keys of this batch entry (0 when its device length is bad) */
-    bool bad_len;     /* cache_seqlens[b] + seqlen_new outside [0, capacity]: rows come out NaN */
+    int64_t row0;     /* first row of this tile (at or past rows: the tile idles) */
+    int64_t len_k;    /* keys of this sequence (0 when its device metadata is bad) */
+    int64_t diag;     /* len_k(b) - len_q(b): query i sees keys j <= i + diag (causal) */
+    int64_t q_batch;  /* batch index of q/out/lse/scratch rows: b, or 0 when packed */
+    int64_t q_start;  /* their row of query 0: cu_seqlens_q[b] (clamped), or 0 */
+    int64_t kv_batch; /* batch index of K/V rows: b, or 0 when packed or paged */
+    int64_t kv_start; /* their row of key 0: cu_seqlens_k[b] (clamped), or 0 */
+    bool bad_len;     /* device lengths that fmha.h's clamp rules reject: rows come out NaN */
     int split;        /* which split of the key blocks */
     int n_first, n_step, n_count; /* this walker's key blocks: n_first + j * n_step, j < n_count */
 
@@ -204,9 +284,10 @@ __device__ __forceinline__ cta_work make_work(const fmha_fwd_params &p, int64_t 
     cta_work w;
     w.packed = p.pack_gqa != 0;
     w.group = p.heads_q / p.heads_kv;
-    w.rows = p.pack_gqa ? p.seqlen_q * w.group : p.seqlen_q;
+    /* The grid is made for the longest sequence (seqlen_q); tiles past a shorter one's rows idle. */
+    const int64_t grid_rows = p.pack_gqa ? p.seqlen_q * w.group : p.seqlen_q;
     int64_t slots = p.pack_gqa ? p.heads_kv : p.heads_q;
-    int64_t m_blocks = (w.rows + BLOCK_M - 1) / BLOCK_M;
+    int64_t m_blocks = (grid_rows + BLOCK_M - 1) / BLOCK_M;
     fmha_qr d = fmha_divide(unit, ws);
     const int sub = (int)d.r;
     /* Flattened pieces, rows fastest then heads: pieces that share K/V run together. */
@@ -220,21 +301,43 @@ __device__ __forceinline__ cta_work make_work(const fmha_fwd_params &p, int64_t 
     w.split = (int)d.r;
     w.b = d.q;
     const bool active = w.b < p.batch;
-    if (!active) {
+    if (!active)
         w.b = 0;
-        w.rows = 0;
-    }
     w.row0 = m_block * BLOCK_M;
-    w.len_k = active ? p.seqlen_k : 0;
+
+    /* This sequence's geometry (fmha.h).  Device lengths are not checked on the host (no
+     * sync): they are clamped so that no row outside the tensors is touched, and a
+     * sequence they do not describe reads no key and its rows become NaN. */
+    int64_t len_q = p.seqlen_q, len_k = p.seqlen_k;
+    w.q_batch = w.kv_batch = w.b;
+    w.q_start = w.kv_start = 0;
     w.bad_len = false;
-    if (p.seqlens_k && active) {
-        /* Device lengths are not checked on the host (no sync): one out of
-         * [0, capacity - seqlen_new] reads no key and its rows become NaN
-         * (DESIGN.md, errors), so no key outside the cache is ever read. */
-        const int64_t cached = p.seqlens_k[w.b];
-        w.bad_len = cached < 0 || cached > p.seqlen_k - p.seqlen_new;
-        w.len_k = w.bad_len ? 0 : cached + p.seqlen_new;
+    if (p.cu_seqlens_q && active) {
+        const packed_span s = packed_span_of(p.cu_seqlens_q, w.b, p.total_q, p.seqlen_q);
+        len_q = s.len;
+        w.q_start = s.start;
+        w.q_batch = 0;
+        w.bad_len = s.bad;
     }
+    if (p.block_table)
+        w.kv_batch = 0; /* pages: the batch stride is the page stride */
+    if (p.cu_seqlens_k && active) {
+        const packed_span s = packed_span_of(p.cu_seqlens_k, w.b, p.total_k, p.seqlen_k);
+        len_k = s.len;
+        w.kv_start = s.start;
+        w.kv_batch = 0;
+        w.bad_len = w.bad_len || s.bad;
+    } else if (p.seqlens_k && active) {
+        /* Cached keys plus the appended ones must fit the capacity: else no key outside the
+         * cache is ever read. */
+        const int64_t new_len = !p.k_new ? 0 : p.cu_seqlens_q ? len_q : p.seqlen_new;
+        const int64_t cached = p.seqlens_k[w.b];
+        w.bad_len = w.bad_len || cached < 0 || cached + new_len > p.seqlen_k;
+        len_k = cached + new_len;
+    }
+    w.rows = !active ? 0 : p.pack_gqa ? len_q * w.group : len_q;
+    w.len_k = active && !w.bad_len ? len_k : 0;
+    w.diag = w.len_k - len_q;
 
     int64_t n_blocks = (w.len_k + BLOCK_N - 1) / BLOCK_N;
     int64_t per_split = p.split_blocks > 0 ? p.split_blocks
@@ -257,15 +360,16 @@ __device__ __forceinline__ cta_work make_work(const fmha_fwd_params &p, int64_t 
         end = first + per_split < n_blocks ? first + per_split : n_blocks;
     }
     if (CAUSAL) {
-        /* The last row of the tile sees keys up to last_query + len_k - seqlen_q. */
+        /* The last row of the tile sees keys up to last_query + len_k - len_q. */
         int64_t last_row = (w.row0 + BLOCK_M < w.rows ? w.row0 + BLOCK_M : w.rows) - 1;
-        int64_t last_key = w.query_of(last_row) + w.len_k - p.seqlen_q;
+        int64_t last_key = w.query_of(last_row) + w.diag;
         int64_t visible = last_key < 0 ? 0 : last_key / BLOCK_N + 1;
         end = end < visible ? end : visible;
     }
     w.n_first = (int)first;
     w.n_step = (int)step;
-    w.n_count = end > first ? (int)((end - first + step - 1) / step) : 0;
+    /* A tile past this sequence's rows walks nothing (it still meets the CTA's barriers). */
+    w.n_count = end > first && w.row0 < w.rows ? (int)((end - first + step - 1) / step) : 0;
     return w;
 }
 
@@ -637,38 +741,50 @@ template <typename T, int HEAD_DIM, bool SPLIT> struct tile_addresses {
         : p(p_), w(w_), q(static_cast<const T *>(p_.q))
     {
     }
-    /* Key 0 of the K and V of the piece's kv head. */
+    /* Key 0 of the K and V of the piece's kv head (of page 0 when paged). */
     __device__ __forceinline__ const T *k() const
     {
-        return static_cast<const T *>(p.k) + w.b * p.k_batch_stride + w.kv_head() * p.k_head_stride;
+        return static_cast<const T *>(p.k) + w.kv_batch * p.k_batch_stride + w.kv_start * p.k_row_stride +
+               w.kv_head() * p.k_head_stride;
     }
     __device__ __forceinline__ const T *v() const
     {
-        return static_cast<const T *>(p.v) + w.b * p.v_batch_stride + w.kv_head() * p.v_head_stride;
+        return static_cast<const T *>(p.v) + w.kv_batch * p.v_batch_stride + w.kv_start * p.v_row_stride +
+               w.kv_head() * p.v_head_stride;
     }
-    /* Q row r of the tile, or nullptr past the problem's rows (zero-filled). */
+    /* Q row r of the tile, or nullptr past the sequence's rows (zero-filled). */
     __device__ __forceinline__ const T *q_row(int r) const
     {
         int64_t row = w.row0 + r;
         if (row >= w.rows)
             return nullptr;
-        return q + w.b * p.q_batch_stride + w.query_of(row) * p.q_row_stride +
+        return q + w.q_batch * p.q_batch_stride + (w.q_start + w.query_of(row)) * p.q_row_stride +
                w.head_of(row) * p.q_head_stride;
     }
+    /* The split scratch (fmha.h) is [num_splits, batch, seqlen_q, ...], or with packed
+     * sequences [num_splits, 1, total_q, ...]: its (split, batch) index and rows per batch. */
+    __device__ __forceinline__ int64_t scratch_batch() const
+    {
+        return (int64_t)w.split * (p.cu_seqlens_q ? 1 : p.batch) + w.q_batch;
+    }
+    __device__ __forceinline__ int64_t scratch_rows() const { return p.cu_seqlens_q ? p.total_q : p.seqlen_q; }
     __device__ __forceinline__ out_t *o_row(int64_t i, int64_t h) const
     {
         if constexpr (SPLIT)
-            return p.o_accum + ((((int64_t)w.split * p.batch + w.b) * p.seqlen_q + i) * p.heads_q + h) * HEAD_DIM;
+            return p.o_accum + ((scratch_batch() * scratch_rows() + w.q_start + i) * p.heads_q + h) * HEAD_DIM;
         else
-            return static_cast<T *>(p.out) + w.b * p.o_batch_stride + i * p.o_row_stride + h * p.o_head_stride;
+            return static_cast<T *>(p.out) + w.q_batch * p.o_batch_stride + (w.q_start + i) * p.o_row_stride +
+                   h * p.o_head_stride;
     }
     __device__ __forceinline__ float *lse_slot(int64_t i, int64_t h) const
     {
-        if constexpr (SPLIT)
-            return p.lse_accum + (((int64_t)w.split * p.batch + w.b) * p.heads_q + h) * p.seqlen_q + i;
-        else
-            return p.lse ? p.lse + w.b * p.lse_batch_stride + h * p.lse_head_stride + i * p.lse_row_stride
+        if constexpr (SPLIT) {
+            return p.lse_accum + (scratch_batch() * p.heads_q + h) * scratch_rows() + w.q_start + i;
+        } else {
+            return p.lse ? p.lse + w.q_batch * p.lse_batch_stride + h * p.lse_head_stride +
+                               (w.q_start + i) * p.lse_row_stride
                          : nullptr;
+        }
     }
 };
 
@@ -677,9 +793,10 @@ template <int N> using in_flight = std::integral_constant<int, N>;
 
 /*
  * The K/V copy pipeline of one walker: a ring of STAGES shared-memory stages,
- * one cp.async commit group per key block, block j in stage j % STAGES.
+ * one cp.async commit group per key block, block j in stage j % STAGES.  PAGED:
+ * the rows come through the sequence's block table.
  */
-template <typename T, typename cfg> struct kv_ring {
+template <typename T, typename cfg, bool PAGED> struct kv_ring {
     using shape = walker_shape<cfg>;
     using kv_tile = typename shape::kv_tile;
     static constexpr int BLOCK_N = shape::BLOCK_N, HEAD_DIM = shape::HEAD_DIM, STAGES = shape::STAGES;
@@ -705,10 +822,18 @@ template <typename T, typename cfg> struct kv_ring {
     __device__ __forceinline__ void load(int n_block, int stage) const
     {
         const int64_t key0 = (int64_t)n_block * BLOCK_N;
-        load_rows<BLOCK_N, HEAD_DIM, shape::THREADS>(kv_copy(s_k + stage * kv_tile::ELEMS, policy),
-                                                     k + key0 * p.k_row_stride, p.k_row_stride, w.len_k - key0, tid);
-        load_rows<BLOCK_N, HEAD_DIM, shape::THREADS>(kv_copy(s_v + stage * kv_tile::ELEMS, policy),
-                                                     v + key0 * p.v_row_stride, p.v_row_stride, w.len_k - key0, tid);
+        if constexpr (PAGED) {
+            load_rows_paged<BLOCK_N, HEAD_DIM, shape::THREADS>(
+                kv_copy(s_k + stage * kv_tile::ELEMS, policy), kv_copy(s_v + stage * kv_tile::ELEMS, policy), k, v, p,
+                p.block_table + w.b * p.block_table_stride, key0, w.len_k - key0, tid);
+        } else {
+            load_rows<BLOCK_N, HEAD_DIM, shape::THREADS>(kv_copy(s_k + stage * kv_tile::ELEMS, policy),
+                                                         k + key0 * p.k_row_stride, p.k_row_stride, w.len_k - key0,
+                                                         tid);
+            load_rows<BLOCK_N, HEAD_DIM, shape::THREADS>(kv_copy(s_v + stage * kv_tile::ELEMS, policy),
+                                                         v + key0 * p.v_row_stride, p.v_row_stride, w.len_k - key0,
+                                                         tid);
+        }
     }
 
     /* Prologue: the first K/V block, then the Q tile (its row addresses take longer to
@@ -771,9 +896,9 @@ template <bool CAUSAL, typename cfg> struct online_softmax {
             for (int half = 0; half < ACC_ROWS; half++) {
                 int64_t row =
                     w.row0 + me.warp * shape::WARP_M + mt * MMA_M + acc_row(me.lane) + half * ACC_ROW_STRIDE;
-                last_key[mt][half] = w.query_of(row < w.rows ? row : w.rows - 1) + w.len_k - p.seqlen_q;
+                last_key[mt][half] = w.query_of(row < w.rows ? row : w.rows - 1) + w.diag;
             }
-        const int64_t first_limit = w.query_of(w.row0) + w.len_k - p.seqlen_q;
+        const int64_t first_limit = w.query_of(w.row0) + w.diag;
         free_end = CAUSAL ? (first_limit + 1 < w.len_k ? first_limit + 1 : w.len_k) : w.len_k;
 #pragma unroll
         for (int mt = 0; mt < MT; mt++)
@@ -1028,7 +1153,7 @@ __device__ __forceinline__ void merge_walkers(const Addr &at, const cta_work &w,
  * main loop (walk_keys), then writes its rows (write_rows) or merges them
  * with the other walkers of its split (merge_walkers).
  */
-template <typename T, typename cfg, bool CAUSAL, bool SPLIT>
+template <typename T, typename cfg, bool CAUSAL, bool SPLIT, bool PAGED>
 __global__ void __launch_bounds__(cfg::warps * WARP_LANES, cfg::ctas_per_sm)
 fwd_mma_kernel(const fmha_fwd_params p)
 {
@@ -1050,7 +1175,7 @@ fwd_mma_kernel(const fmha_fwd_params p)
         p, (int64_t)blockIdx.x * cfg::walkers + walker);
     const walker_thread<cfg> me(walker, tid);
     const tile_addresses<T, shape::HEAD_DIM, SPLIT> at(p, w);
-    const kv_ring<T, cfg> ring(p, w, at.k(), at.v(), s_k, s_v, me.tid);
+    const kv_ring<T, cfg, PAGED> ring(p, w, at.k(), at.v(), s_k, s_v, me.tid);
     ring.fill([&] {
         load_tile<shape::BLOCK_M, shape::HEAD_DIM, shape::THREADS>(
             s_q, at.q, [&](int r) { return at.q_row(r); }, me.tid);

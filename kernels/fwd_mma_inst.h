@@ -1,7 +1,7 @@
 /*
  * fwd_mma_inst.h: instantiates the tensor-core producer for one head_dim
  * (FMHA_HEAD_DIM, set by the including fwd_d<hd>.hip) over dtype x causal x
- * split, and defines launch_fwd_mma_d<hd>.  One translation unit per head_dim
+ * split x paged K/V, and defines launch_fwd_mma_d<hd>.  One translation unit per head_dim
  * keeps the parallel build fast.
  */
 #include "fwd_mma.h"
@@ -42,7 +42,7 @@ template <typename Kernel> hipError_t allow_smem(Kernel kernel, int smem)
 template <typename cfg> int occupancy()
 {
     constexpr int smem = fwd_mma_smem_bytes<cfg>();
-    auto kernel = fwd_mma_kernel<fmha_bf16, cfg, false, true>;
+    auto kernel = fwd_mma_kernel<fmha_bf16, cfg, false, true, false>;
     int ctas = 0;
     if (allow_smem(kernel, smem) != hipSuccess ||
         hipOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, kernel, cfg::warps * WARP_LANES, smem) != hipSuccess) {
@@ -52,11 +52,11 @@ template <typename cfg> int occupancy()
     return ctas;
 }
 
-template <typename T, typename cfg, bool CAUSAL, bool SPLIT>
+template <typename T, typename cfg, bool CAUSAL, bool SPLIT, bool PAGED>
 fmha_status launch_variant(const fmha_fwd_params &p)
 {
     constexpr int smem = fwd_mma_smem_bytes<cfg>();
-    auto kernel = fwd_mma_kernel<T, cfg, CAUSAL, SPLIT>;
+    auto kernel = fwd_mma_kernel<T, cfg, CAUSAL, SPLIT, PAGED>;
     /* The attribute is per device: set it once for each (a bit per ordinal). */
     static std::atomic<uint64_t> smem_allowed{0};
     const uint64_t bit = p.device < 64 ? 1ull << p.device : 0;
@@ -66,6 +66,7 @@ fmha_status launch_variant(const fmha_fwd_params &p)
             return record_error("hipFuncSetAttribute(max dynamic shared memory)", err);
         smem_allowed.fetch_or(bit, std::memory_order_release);
     }
+    /* Packed sequences: seqlen_q is the longest one; tiles past a shorter one's rows idle. */
     int64_t rows = p.pack_gqa ? p.seqlen_q * (p.heads_q / p.heads_kv) : p.seqlen_q;
     int64_t slots = p.pack_gqa ? p.heads_kv : p.heads_q;
     /* One walker per piece (tile, split), or walkers_per_split walkers sharing one. */
@@ -82,15 +83,24 @@ fmha_status launch_variant(const fmha_fwd_params &p)
     return err == hipSuccess ? FMHA_OK : record_error("fwd_mma_kernel", err);
 }
 
+template <typename T, typename cfg, bool PAGED> fmha_status launch_mask(const fmha_fwd_params &p)
+{
+    bool split = p.num_splits > 1;
+    if (p.causal)
+        return split ? launch_variant<T, cfg, true, true, PAGED>(p) : launch_variant<T, cfg, true, false, PAGED>(p);
+    return split ? launch_variant<T, cfg, false, true, PAGED>(p) : launch_variant<T, cfg, false, false, PAGED>(p);
+}
+
 template <typename T, typename cfg> fmha_status launch_tiles(const fmha_fwd_params &p)
 {
     if (p.block_m != cfg::block_m || p.block_n != cfg::block_n || p.walkers_per_split < 1 ||
         cfg::walkers % p.walkers_per_split != 0)
         return FMHA_ERR_INVALID; /* the plan and the compiled tiles disagree */
-    bool split = p.num_splits > 1;
-    if (p.causal)
-        return split ? launch_variant<T, cfg, true, true>(p) : launch_variant<T, cfg, true, false>(p);
-    return split ? launch_variant<T, cfg, false, true>(p) : launch_variant<T, cfg, false, false>(p);
+    /* fmha.h: pages hold a multiple of 16 keys (the paged loader reads the table per
+     * 16-row group); the host glue refuses other sizes. */
+    if (p.block_table && (p.page_size < 16 || p.page_size % 16 != 0))
+        return FMHA_ERR_INVALID;
+    return p.block_table ? launch_mask<T, cfg, true>(p) : launch_mask<T, cfg, false>(p);
 }
 
 template <typename T> fmha_status launch_dtype(const fmha_fwd_params &p)

@@ -1,8 +1,9 @@
 /*
  * launch.h: what the kernel translation units share with each other (not with
- * the C host code, which sees gpu_runtime.h): the per-head_dim producer
- * launchers instantiated in fwd_d*.hip, the combine launcher, and the error
- * recording of runtime.hip.
+ * the C host code, which sees gpu_runtime.h): the clamp of packed sequence
+ * bounds that the producer, the append and the combine apply alike, the
+ * per-head_dim producer launchers instantiated in fwd_d*.hip, the combine
+ * launcher, and the error recording of runtime.hip.
  */
 #ifndef FMHA_LAUNCH_H
 #define FMHA_LAUNCH_H
@@ -12,6 +13,26 @@
 #include "hip_compat.h"
 
 namespace fmha {
+
+/*
+ * Rows [start, start + len) of sequence b in a packed tensor of `total` rows, from
+ * cu_seqlens (device memory, never checked on the host), clamped as fmha.h says:
+ * start = clamp(cu[b], 0, total), end = clamp(cu[b+1], start, min(total, start +
+ * longest)); `bad` when that is not (cu[b], cu[b+1]) (the sequence's rows come out NaN,
+ * nothing is appended for it).  Every kernel that reads cu_seqlens goes through this.
+ */
+struct packed_span {
+    int64_t start, len;
+    bool bad;
+};
+__device__ __forceinline__ packed_span packed_span_of(const int32_t *cu, int64_t b, int64_t total, int64_t longest)
+{
+    const int64_t lo = cu[b], hi = cu[b + 1];
+    const int64_t start = lo < 0 ? 0 : lo > total ? total : lo;
+    const int64_t cap = start + longest < total ? start + longest : total;
+    const int64_t end = hi < start ? start : hi > cap ? cap : hi;
+    return {start, end - start, start != lo || end != hi};
+}
 
 /* Record a failed runtime call for fmha_rt_error_string(); returns FMHA_ERR_RUNTIME. */
 fmha_status record_error(const char *what, hipError_t err);

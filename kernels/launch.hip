@@ -1,9 +1,10 @@
 /*
  * launch.hip: the GPU entry points the host code calls (gpu_runtime.h).
- * fmha_rt_launch_fwd appends new keys/values to the cache when asked, picks
- * the producer compiled for p->head_dim (the planner has already checked
- * that one exists) and, for split plans, folds the partials with the combine
- * kernel.  Everything is enqueued on p->stream; nothing synchronises.
+ * fmha_rt_launch_fwd appends new keys/values to the cache when asked (dense
+ * or paged, per sequence or packed), picks the producer compiled for
+ * p->head_dim (the planner has already checked that one exists) and, for
+ * split plans, folds the partials with the combine kernel.  Everything is
+ * enqueued on p->stream; nothing synchronises.
  */
 #include "convert.h"
 #include "fwd_sm90.h"
@@ -15,45 +16,75 @@ namespace {
 
 constexpr int APPEND_THREADS = 256;
 
+/* Rows of k_new/v_new the append grid covers per sequence: with packed sequences
+ * (cu_seqlens_q) the longest one's, each sequence appending its len_q(b) rows. */
+__host__ __device__ inline int64_t append_rows(const fmha_fwd_params &p)
+{
+    return p.cu_seqlens_q ? p.seqlen_q : p.seqlen_new;
+}
+
 /*
- * KV append: row t of k_new/v_new goes to cache row seqlens_k[b] + t.  One
- * thread copies one 16-byte chunk of one row of k or v (the planner's
- * alignment gate guarantees 16-byte rows).  Device lengths are not checked
- * on the host: a sequence whose rows would not fit in [0, capacity) writes
- * nothing (the producer makes its rows NaN).
+ * KV append: row t of sequence b's new keys/values goes to key position
+ * seqlens_k[b] + t of its cache (fmha.h): row pos of batch b, or with a block
+ * table row pos % page_size of page block_table[b, pos / page_size].  The new
+ * rows are k_new/v_new's batch b, or with packed sequences their rows from
+ * cu_seqlens_q[b] on (len_q(b) of them).  One thread copies one 16-byte chunk
+ * of one row of k or v (the planner's alignment gate guarantees 16-byte rows).
+ * Device metadata is not checked on the host: a sequence whose bounds fmha.h's
+ * clamp rules reject, or whose rows would not fit in [0, capacity), writes
+ * nothing (the producer makes its rows NaN), and nothing is written through a
+ * page entry outside [0, num_pages).
  */
 template <typename T> __global__ void __launch_bounds__(APPEND_THREADS) append_kv_kernel(const fmha_fwd_params p)
 {
     constexpr int ELEMS = 16 / sizeof(T);
-    const int64_t chunks = p.head_dim / ELEMS;
+    const int64_t chunks = p.head_dim / ELEMS, rows = append_rows(p);
     int64_t idx = (int64_t)blockIdx.x * APPEND_THREADS + threadIdx.x;
-    const int64_t total = p.batch * p.seqlen_new * p.heads_kv * chunks;
-    if (idx >= 2 * total)
+    const int64_t total = p.batch * rows * p.heads_kv * chunks;
+    if (idx >= 2 * total || !p.seqlens_k) /* the host glue sets seqlens_k with every append */
         return;
     const bool is_v = idx >= total;
     idx -= is_v ? total : 0;
     const int64_t c = idx % chunks, hk = idx / chunks % p.heads_kv;
-    const int64_t t = idx / chunks / p.heads_kv % p.seqlen_new, b = idx / chunks / p.heads_kv / p.seqlen_new;
-    const int64_t cached = p.seqlens_k[b];
-    if (cached < 0 || cached > p.seqlen_k - p.seqlen_new)
+    const int64_t t = idx / chunks / p.heads_kv % rows, b = idx / chunks / p.heads_kv / rows;
+    int64_t new_len = p.seqlen_new, src_batch = b, src_row = t;
+    if (p.cu_seqlens_q) {
+        const packed_span s = packed_span_of(p.cu_seqlens_q, b, p.total_q, p.seqlen_q);
+        if (s.bad)
+            return;
+        new_len = s.len;
+        src_batch = 0;
+        src_row = s.start + t;
+    }
+    if (t >= new_len)
         return;
-    const int64_t row = cached + t;
+    const int64_t cached = p.seqlens_k[b];
+    if (cached < 0 || cached + new_len > p.seqlen_k)
+        return;
+    int64_t dst_batch = b, dst_row = cached + t;
+    if (p.block_table) {
+        const int64_t page = p.block_table[b * p.block_table_stride + dst_row / p.page_size];
+        if (page < 0 || page >= p.num_pages)
+            return;
+        dst_batch = page; /* the batch stride is the page stride */
+        dst_row %= p.page_size;
+    }
     const T *src = static_cast<const T *>(is_v ? p.v_new : p.k_new) +
-                   b * (is_v ? p.vnew_batch_stride : p.knew_batch_stride) +
-                   t * (is_v ? p.vnew_row_stride : p.knew_row_stride) +
+                   src_batch * (is_v ? p.vnew_batch_stride : p.knew_batch_stride) +
+                   src_row * (is_v ? p.vnew_row_stride : p.knew_row_stride) +
                    hk * (is_v ? p.vnew_head_stride : p.knew_head_stride) + c * ELEMS;
     /* The cache is declared const in the params (it is read-only for attention);
      * the append is the one writer, and the host glue checked it is writable. */
     T *dst = const_cast<T *>(static_cast<const T *>(is_v ? p.v : p.k)) +
-             b * (is_v ? p.v_batch_stride : p.k_batch_stride) +
-             row * (is_v ? p.v_row_stride : p.k_row_stride) +
+             dst_batch * (is_v ? p.v_batch_stride : p.k_batch_stride) +
+             dst_row * (is_v ? p.v_row_stride : p.k_row_stride) +
              hk * (is_v ? p.v_head_stride : p.k_head_stride) + c * ELEMS;
     *reinterpret_cast<uint4 *>(dst) = *reinterpret_cast<const uint4 *>(src);
 }
 
 fmha_status launch_append(const fmha_fwd_params &p)
 {
-    const int64_t total = 2 * p.batch * p.seqlen_new * p.heads_kv * (p.head_dim * 2 / 16);
+    const int64_t total = 2 * p.batch * append_rows(p) * p.heads_kv * (p.head_dim * 2 / 16);
     if (total == 0)
         return FMHA_OK;
     const int64_t ctas = (total + APPEND_THREADS - 1) / APPEND_THREADS;
@@ -137,13 +168,18 @@ fmha_status launch_producer(const fmha_fwd_params &p)
     return launch_mma(p);
 }
 
-/* The split scratch seen as combine input (layouts in fmha.h). */
+/* The split scratch seen as combine input (layouts in fmha.h; with packed sequences
+ * one batch entry of total_q rows, sequence b's from row cu_seqlens_q[b]). */
 fmha_combine_params scratch_combine(const fmha_fwd_params &p)
 {
+    const int64_t scratch_batch = p.cu_seqlens_q ? 1 : p.batch;
+    const int64_t scratch_rows = p.cu_seqlens_q ? p.total_q : p.seqlen_q;
     fmha_combine_params c = {};
     c.num_splits = p.num_splits;
     c.batch = p.batch;
     c.seqlen_q = p.seqlen_q;
+    c.cu_seqlens_q = p.cu_seqlens_q;
+    c.total_q = p.total_q;
     c.heads = p.heads_q;
     c.head_dim = p.head_dim;
     c.in_dtype = FMHA_DTYPE_F32;
@@ -151,13 +187,13 @@ fmha_combine_params scratch_combine(const fmha_fwd_params &p)
     c.o_partial = p.o_accum;
     c.op_head_stride = p.head_dim;
     c.op_row_stride = p.heads_q * p.head_dim;
-    c.op_batch_stride = p.seqlen_q * c.op_row_stride;
-    c.op_split_stride = p.batch * c.op_batch_stride;
+    c.op_batch_stride = scratch_rows * c.op_row_stride;
+    c.op_split_stride = scratch_batch * c.op_batch_stride;
     c.lse_partial = p.lse_accum;
     c.lp_row_stride = 1;
-    c.lp_head_stride = p.seqlen_q;
-    c.lp_batch_stride = p.heads_q * p.seqlen_q;
-    c.lp_split_stride = p.batch * c.lp_batch_stride;
+    c.lp_head_stride = scratch_rows;
+    c.lp_batch_stride = p.heads_q * scratch_rows;
+    c.lp_split_stride = scratch_batch * c.lp_batch_stride;
     c.out = p.out;
     c.o_batch_stride = p.o_batch_stride;
     c.o_row_stride = p.o_row_stride;
