@@ -156,21 +156,31 @@ static int conv_stream(PyObject *obj, void *addr)
     return 1;
 }
 
-/* max_seqlen_k: an int or None (the range needs the cache's shape: validate.c). */
-static int conv_max_seqlen_k(PyObject *obj, void *addr)
+/* An optional length: an int or None (its range needs the tensors' shapes:
+ * validate.c). */
+static int conv_opt_length(PyObject *obj, const char *name, fmha_opt_int *out)
 {
-    fmha_opt_int *out = addr;
     out->given = 0;
     if (obj == Py_None)
         return 1;
     long long v;
     int overflow;
-    if (!index_value(obj, "max_seqlen_k", "an int or None", &v, &overflow))
+    if (!index_value(obj, name, "an int or None", &v, &overflow))
         return 0;
     out->given = 1;
     /* Out of range either way: validate.c names the range. */
     out->value = overflow > 0 ? LLONG_MAX : overflow < 0 ? LLONG_MIN : v;
     return 1;
+}
+
+static int conv_max_seqlen_k(PyObject *obj, void *addr)
+{
+    return conv_opt_length(obj, "max_seqlen_k", addr);
+}
+
+static int conv_max_seqlen_q(PyObject *obj, void *addr)
+{
+    return conv_opt_length(obj, "max_seqlen_q", addr);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -184,7 +194,7 @@ typedef struct fmha_arg {
 } fmha_arg;
 
 /* More than any spec below has. */
-#define FMHA_MAX_ARGS 16
+#define FMHA_MAX_ARGS 24
 
 typedef struct fmha_arg_spec {
     const fmha_arg *args;
@@ -209,6 +219,10 @@ static const fmha_arg forward_args[] = {
     FWD_ARG(K_NEW, conv_object, k_new),
     FWD_ARG(V_NEW, conv_object, v_new),
     FWD_ARG(MAX_SEQLEN_K, conv_max_seqlen_k, max_seqlen_k),
+    FWD_ARG(BLOCK_TABLE, conv_object, block_table),
+    FWD_ARG(CU_SEQLENS_Q, conv_object, cu_seqlens_q),
+    FWD_ARG(CU_SEQLENS_K, conv_object, cu_seqlens_k),
+    FWD_ARG(MAX_SEQLEN_Q, conv_max_seqlen_q, max_seqlen_q),
 };
 #undef FWD_ARG
 static const fmha_arg_spec forward_spec = {
@@ -317,6 +331,7 @@ int fmha_parse_forward(const fmha_module_state *st, const char *fname, PyObject 
     memset(a, 0, sizeof *a);
     a->return_lse = 1;
     a->out = a->lse = a->cache_seqlens = a->k_new = a->v_new = Py_None;
+    a->block_table = a->cu_seqlens_q = a->cu_seqlens_k = Py_None;
     return parse_args(st, &forward_spec, fname, args, nargs, kwnames, a);
 }
 

@@ -31,16 +31,17 @@ typedef struct fmha_opt_stream {
     void *handle;
 } fmha_opt_stream;
 
-/* max_seqlen_k= (None: not given); its range is checked against the cache
- * capacity in validate.c. */
+/* max_seqlen_q= / max_seqlen_k= (None: not given); their ranges need the
+ * tensors' shapes and are checked in validate.c. */
 typedef struct fmha_opt_int {
     int given;
     long long value;
 } fmha_opt_int;
 
 /* forward(q, k, v, *, causal, softmax_scale, num_splits, return_lse, out,
- * lse, device, stream, cache_seqlens, k_new, v_new, max_seqlen_k); explain
- * takes the same.
+ * lse, device, stream, cache_seqlens, k_new, v_new, max_seqlen_k,
+ * block_table, cu_seqlens_q, cu_seqlens_k, max_seqlen_q); explain takes the
+ * same.
  * Tensor arguments not given are Py_None. */
 typedef struct fmha_fwd_args {
     PyObject *q, *k, *v;
@@ -52,7 +53,10 @@ typedef struct fmha_fwd_args {
     fmha_device_choice device;
     fmha_opt_stream stream;
     PyObject *cache_seqlens, *k_new, *v_new;
-    fmha_opt_int max_seqlen_k;  /* plan hint for device cache_seqlens */
+    fmha_opt_int max_seqlen_k;  /* longest key sequence: plan hint for device lengths */
+    PyObject *block_table;      /* paged KV cache */
+    PyObject *cu_seqlens_q, *cu_seqlens_k; /* packed (varlen) sequences */
+    fmha_opt_int max_seqlen_q;  /* longest query sequence of a packed batch */
 } fmha_fwd_args;
 
 /* combine(outs, lses, *, out, lse, stream) */

@@ -59,6 +59,7 @@ typedef struct fmha_fwd_call {
     fmha_open_ctx ctx;
     fmha_fwd_views t;
     int append;                 /* k_new/v_new are written into k/v */
+    fmha_fwd_geometry g;        /* modes and sizes, from validation */
     fmha_cache_lengths lengths;
 
     /* decision */
@@ -66,7 +67,7 @@ typedef struct fmha_fwd_call {
     fmha_backend backend;
     int gpu_device;
     const fmha_device_info *dev_info;
-    int empty;                  /* batch or seqlen_q is 0: nothing runs */
+    int empty;                  /* batch or seqlen_q (packed: total_q) is 0: nothing runs */
     fmha_status plan_status;
     fmha_plan plan;
     int gpu_rejected;           /* device=None on host arrays: the GPU gate said no */
@@ -88,8 +89,9 @@ static void fwd_close(fmha_fwd_call *c)
         Py_END_ALLOW_THREADS
         c->synced = 1;
     }
-    fmha_tensor *views[] = {&c->t.q, &c->t.k, &c->t.v, &c->t.out, &c->t.lse, &c->t.seqlens,
-                            &c->t.k_new, &c->t.v_new};
+    fmha_tensor *views[] = {&c->t.q,     &c->t.k,     &c->t.v,           &c->t.out,
+                            &c->t.lse,   &c->t.seqlens, &c->t.k_new,     &c->t.v_new,
+                            &c->t.block_table, &c->t.cu_q, &c->t.cu_k};
     for (size_t i = 0; i < sizeof views / sizeof views[0]; i++)
         fmha_tensor_close(views[i]);
     Py_CLEAR(c->out_obj);
@@ -114,6 +116,9 @@ static int fwd_open(fmha_module_state *st, fmha_fwd_call *c)
         {a->cache_seqlens, &c->t.seqlens, "cache_seqlens", 0},
         {a->k_new, &c->t.k_new, "k_new", 0},
         {a->v_new, &c->t.v_new, "v_new", 0},
+        {a->block_table, &c->t.block_table, "block_table", 0},
+        {a->cu_seqlens_q, &c->t.cu_q, "cu_seqlens_q", 0},
+        {a->cu_seqlens_k, &c->t.cu_k, "cu_seqlens_k", 0},
     };
     size_t n = sizeof args / sizeof args[0];
     for (size_t i = 0; i < n; i++)
@@ -127,43 +132,55 @@ static int fwd_open(fmha_module_state *st, fmha_fwd_call *c)
     return 0;
 }
 
-/* The problem fields of the params (pointers come with fwd_fill_pointers). */
+/* The problem fields of the params (pointers come with fwd_fill_pointers),
+ * from the geometry validation found (fmha.h: packed sequences and a paged
+ * KV cache). */
 static void fwd_fill_problem(fmha_fwd_call *c)
 {
     fmha_fwd_params *p = &c->p;
+    const fmha_fwd_geometry *g = &c->g;
     memset(p, 0, sizeof *p);
-    p->batch = c->t.q.shape[0];
-    p->seqlen_q = c->t.q.shape[1];
-    p->heads_q = c->t.q.shape[2];
-    p->head_dim = c->t.q.shape[3];
-    p->seqlen_k = c->t.k.shape[1];
-    p->heads_kv = c->t.k.shape[2];
+    p->batch = g->batch;
+    p->seqlen_q = g->seqlen_q;
+    p->heads_q = g->heads_q;
+    p->head_dim = g->head_dim;
+    p->seqlen_k = g->seqlen_k;
+    p->heads_kv = g->heads_kv;
     p->dtype = (fmha_dtype)c->t.q.elem;
     p->causal = c->a.causal;
     double scale = c->a.scale.given ? c->a.scale.value : 1.0 / sqrt((double)p->head_dim);
     p->softmax_scale = (float)scale;
     p->scale_log2 = (float)(scale * fmha_log2e);
-    p->seqlen_new = c->append ? c->t.k_new.shape[1] : 0;
+    p->seqlen_new = c->append ? g->seqlen_new : 0;
+    p->total_q = g->varlen_q ? g->total_q : 0;
+    p->total_k = g->varlen_k ? g->total_k : 0;
+    p->page_size = g->paged ? g->page_size : 0;
+    p->num_pages = g->paged ? g->num_pages : 0;
     p->stream = c->ctx.stream;
     p->num_threads = 0;
-    c->empty = p->batch == 0 || p->seqlen_q == 0;
+    c->empty = p->batch == 0 || p->seqlen_q == 0 || (g->varlen_q && g->total_q == 0);
 }
 
-/* Element strides of a 4-D view, into three params fields (head_dim stride is 1). */
+/* Element strides of a [batch, rows, heads, head_dim] view, or of a packed
+ * [rows, heads, head_dim] one (batch stride 0: unused with cu_seqlens), into
+ * three params fields (head_dim stride is 1). */
 static void strides3(const fmha_tensor *t, int64_t *batch, int64_t *row, int64_t *head)
 {
-    *batch = t->strides[0];
-    *row = t->strides[1];
-    *head = t->strides[2];
+    int packed = t->ndim == 3;
+    *batch = packed ? 0 : t->strides[0];
+    *row = t->strides[packed ? 0 : 1];
+    *head = t->strides[packed ? 1 : 2];
 }
 
-/* The params' lse pointer and strides: t's own memory. */
+/* The params' lse pointer and strides: t's own memory ([batch, heads_q,
+ * seqlen_q], or packed [heads_q, total_q] with batch stride 0). */
 static void lse_layout(const fmha_tensor *t, fmha_fwd_params *p)
 {
+    int packed = t->ndim == 2;
     p->lse = t->data;
-    p->lse_batch_stride = t->strides[0];
-    p->lse_head_stride = t->strides[1];
-    p->lse_row_stride = t->strides[2];
+    p->lse_batch_stride = packed ? 0 : t->strides[0];
+    p->lse_head_stride = t->strides[packed ? 0 : 1];
+    p->lse_row_stride = t->strides[packed ? 1 : 2];
 }
 
 /* Pointer and strides the backend will see for t: its own memory, or (when
@@ -174,10 +191,11 @@ static void planned_layout(const fmha_tensor *t, int compact, const void **ptr, 
                            int64_t *row, int64_t *head)
 {
     if (compact) {
+        int n = t->ndim;
         *ptr = NULL;
-        *head = t->shape[3];
-        *row = t->shape[2] * *head;
-        *batch = t->shape[1] * *row;
+        *head = t->shape[n - 1];
+        *row = t->shape[n - 2] * *head;
+        *batch = n == 4 ? t->shape[1] * *row : 0;
     } else {
         *ptr = t->data;
         strides3(t, batch, row, head);
@@ -232,14 +250,19 @@ static fmha_status plan_for(const fmha_fwd_call *c, fmha_backend backend, fmha_p
         planned_layout(&t->v_new, gpu && !t->v_new.on_gpu, &p->v_new, &p->vnew_batch_stride,
                        &p->vnew_row_stride, &p->vnew_head_stride);
     }
-    /* Only its presence matters to the planner, which reads nothing behind it. */
-    p->seqlens_k = t->seqlens.present ? (const int32_t *)t->seqlens.data : NULL;
-    if (p->seqlens_k && c->lengths.known) {
-        p->seqlen_k = c->lengths.max_seqlen;
+    /* Only their presence matters to the planner, which reads nothing behind them. */
+    static const int32_t present = 0;
+    p->seqlens_k = t->seqlens.present ? &present : NULL;
+    p->block_table = t->block_table.present ? &present : NULL;
+    p->cu_seqlens_q = t->cu_q.present ? &present : NULL;
+    p->cu_seqlens_k = t->cu_k.present ? &present : NULL;
+    if (c->lengths.known) {
+        /* fmha_num_key_blocks adds the appended rows to a cache's keys */
+        p->seqlen_k = c->lengths.max_keys - (p->seqlens_k ? p->seqlen_new : 0);
         p->total_keys = c->lengths.total_keys;
     } else if (p->seqlens_k) {
-        p->seqlen_k = (c->a.max_seqlen_k.given ? c->a.max_seqlen_k.value : p->seqlen_k) -
-                      p->seqlen_new;
+        int64_t keys = c->a.max_seqlen_k.given ? c->a.max_seqlen_k.value : p->seqlen_k;
+        p->seqlen_k = keys > p->seqlen_new ? keys - p->seqlen_new : 0;
         p->total_keys = 0;
     }
     return fmha_plan_make(p, &target, c->a.num_splits, plan);
@@ -292,8 +315,45 @@ static fmha_explain_input explain_input(const fmha_fwd_call *c, fmha_target *tar
         .gpu_rejected_target = c->gpu_rejected ? gpu_target : NULL, .empty = c->empty,
         .length_independent = c->t.seqlens.present && !c->lengths.known,
         .planned_keys = c->a.max_seqlen_k.given ? c->a.max_seqlen_k.value : c->p.seqlen_k,
+        .serving = {
+            .paged = c->g.paged, .page_size = c->g.page_size, .num_pages = c->g.num_pages,
+            .max_blocks = c->g.max_blocks,
+            .varlen_q = c->g.varlen_q, .varlen_k = c->g.varlen_k,
+            .total_q = c->g.total_q, .total_k = c->g.total_k,
+            .max_seqlen_q = c->g.seqlen_q, .max_seqlen_k = c->g.seqlen_k,
+            .q_source = c->g.q_source, .k_source = c->g.k_source,
+        },
     };
     return in;
+}
+
+/*
+ * The GPU kernels read packed and paged rows in place: gpu.c stages no
+ * aligned copy of them (a copy of a paged cache would cost the whole pool,
+ * and packed rows have no per-batch layout to copy by).  Host arrays are
+ * copied compact, so only device tensors can fail here.
+ */
+static int require_rows_aligned(const fmha_fwd_call *c)
+{
+    const fmha_fwd_views *t = &c->t;
+    const fmha_tensor *in[] = {&t->q, &t->k, &t->v, &t->k_new, &t->v_new};
+    for (size_t i = 0; i < sizeof in / sizeof in[0] + 1; i++) {
+        const fmha_tensor *x = i < sizeof in / sizeof in[0] ? in[i] : &t->out;
+        int64_t align = x == &t->out ? FMHA_GPU_ALIGN_OUT : FMHA_GPU_ALIGN_IN;
+        int64_t bs, rs, hs;
+        if (!x->present || !x->on_gpu || fmha_tensor_numel(x) == 0)
+            continue;
+        strides3(x, &bs, &rs, &hs);
+        if (!fmha_rows_aligned(x->data, bs, rs, hs, c->p.head_dim, align, FMHA_GPU_ELEM_BYTES)) {
+            PyErr_Format(PyExc_ValueError, "%s: on the GPU, packed (cu_seqlens_q/cu_seqlens_k) "
+                         "and paged (block_table) calls read rows in place, so every row must "
+                         "start on a %d-byte boundary (data pointer and strides multiples of "
+                         "%lld elements); make %s contiguous first", x->name,
+                         (int)(align * FMHA_GPU_ELEM_BYTES), (long long)align, x->name);
+            return -1;
+        }
+    }
+    return 0;
 }
 
 /* Everything up to (and including) the plan; runs nothing, writes nothing. */
@@ -301,24 +361,33 @@ static int fwd_prepare(fmha_module_state *st, fmha_fwd_call *c)
 {
     c->append = c->a.k_new != Py_None && c->a.v_new != Py_None && c->a.cache_seqlens != Py_None;
     if (fwd_open(st, c) < 0 ||
-        fmha_validate_forward(st, &c->t, c->a.device, c->append, c->ctx.stream,
-                              &c->a.max_seqlen_k, &c->lengths) < 0)
+        fmha_validate_forward(st, &c->t, &c->a, c->append, c->ctx.stream, &c->g,
+                              &c->lengths) < 0)
         return -1;
     fwd_fill_problem(c);
-    return fwd_plan(st, c);
+    if (fwd_plan(st, c) < 0)
+        return -1;
+    if (c->backend == FMHA_BACKEND_GPU && !c->empty && c->plan_status == FMHA_OK &&
+        (c->g.paged || c->g.varlen_q) && require_rows_aligned(c) < 0)
+        return -1;
+    return 0;
 }
 
 /* Outputs: the caller's, or new ones where the inputs live. */
 static int fwd_outputs(fmha_module_state *st, fmha_fwd_call *c)
 {
     int on_gpu = c->t.q.on_gpu;
+    /* Packed: lse [heads_q, total_q], FlashAttention's varlen layout. */
     int64_t lse_shape[3] = {c->p.batch, c->p.heads_q, c->p.seqlen_q};
-    if (!(c->out_obj = take_output(st, &c->ctx, c->a.out, &c->t.q, on_gpu, c->gpu_device, 4,
-                                   c->t.q.shape, c->t.q.elem, &c->t.out)))
+    int64_t packed_lse_shape[2] = {c->g.heads_q, c->g.total_q};
+    int packed = c->g.varlen_q;
+    if (!(c->out_obj = take_output(st, &c->ctx, c->a.out, &c->t.q, on_gpu, c->gpu_device,
+                                   c->t.q.ndim, c->t.q.shape, c->t.q.elem, &c->t.out)))
         return -1;
     if ((c->a.lse != Py_None || c->a.return_lse) &&
-        !(c->lse_obj = take_output(st, &c->ctx, c->a.lse, NULL, on_gpu, c->gpu_device, 3,
-                                   lse_shape, FMHA_ELEM_F32, &c->t.lse)))
+        !(c->lse_obj = take_output(st, &c->ctx, c->a.lse, NULL, on_gpu, c->gpu_device,
+                                   packed ? 2 : 3, packed ? packed_lse_shape : lse_shape,
+                                   FMHA_ELEM_F32, &c->t.lse)))
         return -1;
     return 0;
 }
@@ -326,8 +395,9 @@ static int fwd_outputs(fmha_module_state *st, fmha_fwd_call *c)
 /* Copy host memory to the GPU, or point the CPU backend at usable memory. */
 static int fwd_place_memory(const fmha_module_state *st, fmha_fwd_call *c)
 {
-    fmha_tensor *inputs[] = {&c->t.q, &c->t.k, &c->t.v, &c->t.k_new, &c->t.v_new,
-                             &c->t.seqlens};
+    fmha_tensor *inputs[] = {&c->t.q,       &c->t.k,           &c->t.v,    &c->t.k_new,
+                             &c->t.v_new,   &c->t.seqlens,     &c->t.cu_q, &c->t.cu_k,
+                             &c->t.block_table};
     fmha_tensor *outputs[] = {&c->t.out, &c->t.lse};
     if (c->backend == FMHA_BACKEND_CPU) {
         for (size_t i = 0; i < sizeof inputs / sizeof inputs[0]; i++)
@@ -382,6 +452,10 @@ static void fwd_fill_pointers(fmha_fwd_call *c)
     if (t->lse.present)
         lse_layout(&t->lse, p);
     p->seqlens_k = t->seqlens.present ? (const int32_t *)t->seqlens.data : NULL;
+    p->cu_seqlens_q = t->cu_q.present ? (const int32_t *)t->cu_q.data : NULL;
+    p->cu_seqlens_k = t->cu_k.present ? (const int32_t *)t->cu_k.data : NULL;
+    p->block_table = t->block_table.present ? (const int32_t *)t->block_table.data : NULL;
+    p->block_table_stride = t->block_table.present ? t->block_table.strides[0] : 0;
     if (c->append) {
         p->k_new = t->k_new.data;
         p->v_new = t->v_new.data;

@@ -278,6 +278,12 @@ static void sm90_not_used(const fmha_fwd_params *p, const fmha_plan *plan, const
     case FMHA_SM90_KV_CACHE:
         snprintf(why, sizeof why, "it does not read KV caches");
         break;
+    case FMHA_SM90_PAGED:
+        snprintf(why, sizeof why, "it does not read paged KV caches (block_table)");
+        break;
+    case FMHA_SM90_VARLEN:
+        snprintf(why, sizeof why, "it does not take packed sequences (cu_seqlens_q/cu_seqlens_k)");
+        break;
     case FMHA_SM90_FORCED_SPLITS:
         snprintf(why, sizeof why, "it writes no split partials for the forced num_splits");
         break;
@@ -350,6 +356,89 @@ PyObject *fmha_explain_raise_unsupported(const fmha_explain_input *in)
     return NULL;
 }
 
+static const char *len_source_name(fmha_len_source s)
+{
+    switch (s) {
+    case FMHA_LEN_GIVEN: return "given";
+    case FMHA_LEN_COMPUTED: return "computed";
+    case FMHA_LEN_TOTAL: return "total";
+    case FMHA_LEN_DENSE: break;
+    }
+    return "dense";
+}
+
+/* How the longest packed sequence was found, e.g. "the longest 7 (computed
+ * from cu_seqlens_q)". */
+static void longest_text(const char *which, int64_t longest, fmha_len_source s, char *buf,
+                         size_t len)
+{
+    switch (s) {
+    case FMHA_LEN_GIVEN:
+        snprintf(buf, len, "the longest %lld (max_seqlen_%s)", (long long)longest, which);
+        return;
+    case FMHA_LEN_COMPUTED:
+        snprintf(buf, len, "the longest %lld (computed from cu_seqlens_%s)", (long long)longest,
+                 which);
+        return;
+    default:
+        snprintf(buf, len, "the longest assumed = total_%s = %lld (cu_seqlens_%s on the device "
+                 "is not read on the host; max_seqlen_%s narrows the grid)", which,
+                 (long long)longest, which, which);
+        return;
+    }
+}
+
+/* The paged and packed parts of a call, as sentences appended to reason. */
+static void serving_text(const fmha_explain_serving *sv, char *buf, size_t len)
+{
+    size_t used = 0;
+    char longest[192];
+    buf[0] = '\0';
+    if (sv->paged)
+        used += (size_t)snprintf(buf, len, "; paged KV cache: %lld page%s of %lld keys, up to "
+                                 "%lld per sequence (capacity %lld keys)",
+                                 (long long)sv->num_pages, plural(sv->num_pages),
+                                 (long long)sv->page_size, (long long)sv->max_blocks,
+                                 (long long)(sv->max_blocks * sv->page_size));
+    if (sv->varlen_q && used < len) {
+        longest_text("q", sv->max_seqlen_q, sv->q_source, longest, sizeof longest);
+        used += (size_t)snprintf(buf + used, len - used, "; packed queries: %lld rows, %s",
+                                 (long long)sv->total_q, longest);
+    }
+    if (sv->varlen_k && used < len) {
+        longest_text("k", sv->max_seqlen_k, sv->k_source, longest, sizeof longest);
+        snprintf(buf + used, len - used, "; packed keys: %lld rows, %s", (long long)sv->total_k,
+                 longest);
+    }
+}
+
+/* The serving fields of the explain() dict. */
+static int serving_dict(PyObject *d, const fmha_explain_serving *sv)
+{
+    if (fmha_dict_set(d, "paged", PyBool_FromLong(sv->paged)) < 0 ||
+        fmha_dict_set(d, "varlen", PyBool_FromLong(sv->varlen_q)) < 0)
+        return -1;
+    if (sv->paged &&
+        (fmha_dict_set(d, "page_size", PyLong_FromLongLong(sv->page_size)) < 0 ||
+         fmha_dict_set(d, "num_pages", PyLong_FromLongLong(sv->num_pages)) < 0 ||
+         fmha_dict_set(d, "max_blocks_per_seq", PyLong_FromLongLong(sv->max_blocks)) < 0))
+        return -1;
+    if (sv->varlen_q &&
+        (fmha_dict_set(d, "total_q", PyLong_FromLongLong(sv->total_q)) < 0 ||
+         fmha_dict_set(d, "max_seqlen_q", PyLong_FromLongLong(sv->max_seqlen_q)) < 0 ||
+         fmha_dict_set(d, "max_seqlen_q_source",
+                       PyUnicode_FromString(len_source_name(sv->q_source))) < 0 ||
+         fmha_dict_set(d, "packed_kv", PyBool_FromLong(sv->varlen_k)) < 0))
+        return -1;
+    if (sv->varlen_k &&
+        (fmha_dict_set(d, "total_k", PyLong_FromLongLong(sv->total_k)) < 0 ||
+         fmha_dict_set(d, "max_seqlen_k", PyLong_FromLongLong(sv->max_seqlen_k)) < 0 ||
+         fmha_dict_set(d, "max_seqlen_k_source",
+                       PyUnicode_FromString(len_source_name(sv->k_source))) < 0))
+        return -1;
+    return 0;
+}
+
 PyObject *fmha_explain_dict(const fmha_explain_input *in)
 {
     const fmha_fwd_params *p = in->p;
@@ -359,10 +448,11 @@ PyObject *fmha_explain_dict(const fmha_explain_input *in)
     PyObject *d = PyDict_New();
     if (!d)
         return NULL;
-    char kernel[96], reason[1600], own[768], rejected[768];
+    char kernel[96], reason[2400], own[768], rejected[768], serving[640];
     if (in->empty) {
         snprintf(kernel, sizeof kernel, "none");
-        snprintf(reason, sizeof reason, "empty problem (batch or seqlen_q is 0): nothing runs");
+        snprintf(reason, sizeof reason, "empty problem (batch or %s is 0): nothing runs",
+                 in->serving.varlen_q ? "total_q" : "seqlen_q");
     } else {
         kernel_name(p, plan, kernel, sizeof kernel);
         plan_reason(p, plan, t, own, sizeof own);
@@ -381,6 +471,9 @@ PyObject *fmha_explain_dict(const fmha_explain_input *in)
                      "sequence's length", (long long)in->planned_keys,
                      in->planned_keys == p->seqlen_k ? "the cache capacity" : "max_seqlen_k");
         }
+        serving_text(&in->serving, serving, sizeof serving);
+        size_t used = strlen(reason);
+        snprintf(reason + used, sizeof reason - used, "%s", serving);
     }
     if (fmha_dict_set(d, "backend", PyUnicode_FromString(gpu ? "gpu" : "cpu")) < 0 ||
         fmha_dict_set(d, "supported", PyBool_FromLong(in->empty || plan->supported)) < 0 ||
@@ -407,7 +500,8 @@ PyObject *fmha_explain_dict(const fmha_explain_input *in)
         fmha_dict_set(d, "softmax_scale", PyFloat_FromDouble(p->softmax_scale)) < 0 ||
         fmha_dict_set(d, "kv_cache", PyBool_FromLong(in->kv_cache)) < 0 ||
         fmha_dict_set(d, "seqlen_new", PyLong_FromLongLong(p->seqlen_new)) < 0 ||
-        fmha_dict_set(d, "length_independent", PyBool_FromLong(in->length_independent)) < 0)
+        fmha_dict_set(d, "length_independent", PyBool_FromLong(in->length_independent)) < 0 ||
+        serving_dict(d, &in->serving) < 0)
         goto fail;
     if (gpu && t->device) {
         if (fmha_dict_set(d, "device", PyUnicode_FromString(t->device->name)) < 0 ||
@@ -623,6 +717,69 @@ PyObject *fmha_explain_plan_for_device(PyObject *module, PyObject *args, PyObjec
     } else if (p.seqlen_new) {
         return PyErr_Format(PyExc_ValueError, "problem['seqlen_new'] needs cache_seqlens");
     }
+    /* Serving modes: only their presence reaches the planner (plus, for packed
+     * keys given as lengths, the longest and the sum, as the glue passes them). */
+    int64_t paged = 0, varlen = 0;
+    if (get_int(prob, "problem", "paged", 0, 1, 0, &paged) < 0 ||
+        get_int(prob, "problem", "varlen", 0, 1, 0, &varlen) < 0)
+        return NULL;
+    fmha_explain_serving serving;
+    memset(&serving, 0, sizeof serving);
+    if (paged) {
+        if (p.seqlen_k % 16 != 0)
+            return PyErr_Format(PyExc_ValueError, "problem['paged'] plans pages of 16 keys: "
+                                "seqlen_k (the capacity) must be a multiple of 16");
+        p.block_table = &present;
+        p.page_size = 16;
+        serving.paged = 1;
+        serving.page_size = 16;
+        serving.max_blocks = p.seqlen_k / 16;
+        serving.num_pages = p.batch * serving.max_blocks;
+        p.num_pages = serving.num_pages;
+    }
+    PyObject *klens = PyDict_GetItemString(prob, "seqlens_k");
+    if (klens && (!varlen || lens || paged))
+        return PyErr_Format(PyExc_ValueError, "problem['seqlens_k'] (packed key lengths) needs "
+                            "varlen and no cache_seqlens or paged");
+    if (varlen) {
+        p.cu_seqlens_q = &present;
+        p.total_q = p.batch * p.seqlen_q;
+        serving.varlen_q = 1;
+        serving.total_q = p.total_q;
+        serving.max_seqlen_q = p.seqlen_q;
+        serving.q_source = FMHA_LEN_GIVEN;
+    }
+    if (klens) {
+        PyObject *seq = PySequence_Fast(klens, "problem['seqlens_k'] must be a list of int");
+        if (!seq)
+            return NULL;
+        if (PySequence_Fast_GET_SIZE(seq) != p.batch) {
+            Py_DECREF(seq);
+            return PyErr_Format(PyExc_ValueError, "problem['seqlens_k'] needs batch=%lld entries",
+                                (long long)p.batch);
+        }
+        int64_t longest = 0, total = 0;
+        for (Py_ssize_t i = 0; i < p.batch; i++) {
+            long long x = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(seq, i));
+            if ((x == -1 && PyErr_Occurred()) || x < 0 || x > big) {
+                Py_DECREF(seq);
+                if (!PyErr_Occurred())
+                    PyErr_SetString(PyExc_ValueError, "problem['seqlens_k'] entries must be >= 0");
+                return NULL;
+            }
+            longest = x > longest ? x : longest;
+            total += x;
+        }
+        Py_DECREF(seq);
+        p.cu_seqlens_k = &present;
+        p.seqlen_k = longest;
+        p.total_k = total;
+        p.total_keys = total;
+        serving.varlen_k = 1;
+        serving.total_k = total;
+        serving.max_seqlen_k = longest;
+        serving.k_source = FMHA_LEN_COMPUTED;
+    }
 
     fmha_device_info info;
     memset(&info, 0, sizeof info);
@@ -666,6 +823,7 @@ PyObject *fmha_explain_plan_for_device(PyObject *module, PyObject *args, PyObjec
         .p = &p, .target = &target, .plan = &plan,
         .requested_splits = num_splits, .kv_cache = lens != NULL,
         .inputs_on_host = 1, .device_ordinal = 0, /* described as host arrays */
+        .serving = serving,
     };
     PyObject *d = fmha_explain_dict(&in);
     if (d && status != FMHA_OK) {

@@ -15,6 +15,24 @@
 
 #include "fmha.h"
 
+/* Where a longest sequence length (max_seqlen_q / max_seqlen_k) came from. */
+typedef enum fmha_len_source {
+    FMHA_LEN_DENSE = 0,     /* not packed: the tensor's own row count (or a cache's capacity) */
+    FMHA_LEN_GIVEN = 1,     /* the caller's max_seqlen_* */
+    FMHA_LEN_COMPUTED = 2,  /* read from host cu_seqlens_* */
+    FMHA_LEN_TOTAL = 3,     /* device cu_seqlens_* are not read: assumed = the total */
+} fmha_len_source;
+
+/* The serving modes of a call (a paged KV cache, packed sequences). */
+typedef struct fmha_explain_serving {
+    int paged;
+    int64_t page_size, num_pages, max_blocks; /* paged: max_blocks per sequence */
+    int varlen_q, varlen_k;                   /* cu_seqlens_q / cu_seqlens_k given */
+    int64_t total_q, total_k;
+    int64_t max_seqlen_q, max_seqlen_k;       /* what the plan and the grid are made for */
+    fmha_len_source q_source, k_source;
+} fmha_explain_serving;
+
 /* One planned call, as the binding layer saw it. */
 typedef struct fmha_explain_input {
     const fmha_fwd_params *p;       /* problem fields (batch ... seqlen_new, softmax_scale) */
@@ -29,6 +47,7 @@ typedef struct fmha_explain_input {
     int empty;                      /* batch or seqlen_q is 0: nothing runs, no plan made */
     int length_independent;         /* device cache_seqlens: the plan never read them */
     int64_t planned_keys;           /* ... and was made for this many keys per sequence */
+    fmha_explain_serving serving;   /* zero: dense, no pages */
 } fmha_explain_input;
 
 /* d[key] = value, dropping the reference to value (the caller's new reference);
@@ -50,7 +69,9 @@ PyObject *fmha_explain_raise_unsupported(const fmha_explain_input *in);
  * problem: batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, dtype
  * ("float16", "bfloat16", "float32"), causal, misaligned (q starts off a
  * 16-byte boundary), and for a KV cache cache_seqlens (list of ints) and
- * seqlen_new.
+ * seqlen_new; paged (1: a paged cache of 16-key pages, seqlen_k its
+ * capacity), varlen (1: packed queries, seqlen_q the longest) and seqlens_k
+ * (with varlen: packed key lengths, list of ints).
  * device: name, arch, cc (major, minor), is_amd, sm_count, warp_size,
  * l2_bytes, max_smem_per_block, max_smem_per_sm, ctas_per_sm
  * ({"prefill"|"decode": [per tile-table row]}), archs_built (the archs the

@@ -152,6 +152,10 @@ static fmha_status stage(const fmha_fwd_params *p, call_scratch *s, operand *o, 
         orig->data = NULL; /* nothing staged */
         return FMHA_OK;
     }
+    /* Packed and paged rows are read in place: the host glue refuses unaligned
+     * device tensors for them (call.c) and copies host arrays compact. */
+    if (p->cu_seqlens_q || p->cu_seqlens_k || p->block_table)
+        return FMHA_ERR_INVALID;
     /* Compact rows padded to the alignment, so every row start is aligned. */
     const int64_t dim = (p->head_dim + o->align - 1) / o->align * o->align;
     fmha_rows_view copy = {NULL, o->rows * o->heads * dim, o->heads * dim, dim};
@@ -190,9 +194,11 @@ static fmha_status run_staged(fmha_fwd_params *p, call_scratch *s)
 
     if (p->num_splits > 1) {
         /* Split partials: [num_splits, batch, seqlen_q, heads_q, head_dim] and
-         * [num_splits, batch, heads_q, seqlen_q], fp32. */
-        size_t rows = (size_t)p->num_splits * (size_t)p->batch * (size_t)p->seqlen_q *
-                      (size_t)p->heads_q;
+         * [num_splits, batch, heads_q, seqlen_q], fp32; packed queries: batch 1
+         * and seqlen_q = total_q (fmha.h). */
+        size_t query_rows = p->cu_seqlens_q ? (size_t)p->total_q
+                                            : (size_t)p->batch * (size_t)p->seqlen_q;
+        size_t rows = (size_t)p->num_splits * query_rows * (size_t)p->heads_q;
         size_t o_bytes = rows * (size_t)p->head_dim * sizeof(float);
         void *partials = NULL;
         st = scratch_alloc(p, s, o_bytes + rows * sizeof(float), &partials);

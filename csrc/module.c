@@ -189,11 +189,18 @@ fail:
 PyDoc_STRVAR(forward_doc,
 "forward(q, k, v, *, causal=False, softmax_scale=None, num_splits=0, return_lse=True,\n"
 "        out=None, lse=None, device=None, stream=None, cache_seqlens=None, k_new=None,\n"
-"        v_new=None, max_seqlen_k=None)\n"
+"        v_new=None, max_seqlen_k=None, block_table=None, cu_seqlens_q=None,\n"
+"        cu_seqlens_k=None, max_seqlen_q=None)\n"
 "--\n\n"
 "Attention forward: q [batch, seqlen_q, heads_q, head_dim], k and v\n"
 "[batch, seqlen_k, heads_kv, head_dim].  Returns (out, lse), or out when\n"
-"return_lse is false; lse is float32 [batch, heads_q, seqlen_q].");
+"return_lse is false; lse is float32 [batch, heads_q, seqlen_q].\n\n"
+"Paged KV cache: block_table int32 [batch, max_blocks_per_seq], k and v\n"
+"[num_pages, page_size, heads_kv, head_dim] (page_size a multiple of 16).\n"
+"Packed sequences: cu_seqlens_q int32 [batch + 1], q and out\n"
+"[total_q, heads_q, head_dim], lse [heads_q, total_q]; with cu_seqlens_k, k and\n"
+"v [total_k, heads_kv, head_dim].  max_seqlen_q / max_seqlen_k: the longest\n"
+"sequences (None: computed from host arrays, the totals for device ones).");
 
 PyDoc_STRVAR(explain_doc,
 "explain(q, k, v, **forward_keywords)\n--\n\n"

@@ -49,6 +49,10 @@
     X(K_NEW, "k_new")                                                                  \
     X(V_NEW, "v_new")                                                                  \
     X(MAX_SEQLEN_K, "max_seqlen_k")                                                    \
+    X(BLOCK_TABLE, "block_table")                                                      \
+    X(CU_SEQLENS_Q, "cu_seqlens_q")                                                    \
+    X(CU_SEQLENS_K, "cu_seqlens_k")                                                    \
+    X(MAX_SEQLEN_Q, "max_seqlen_q")                                                    \
     X(OUTS, "outs")                                                                    \
     X(LSES, "lses")
 

@@ -7,7 +7,7 @@
  * backends run them.  Pure C: no allocation, no device calls, no text, no
  * reads behind the params' pointers (per-batch key lengths are not known
  * here: the glue passes the longest length as seqlen_k and their sum as
- * total_keys).
+ * total_keys; only the presence of block_table and cu_seqlens counts).
  */
 #include "fmha.h"
 #include "fmha_config.h"
@@ -356,8 +356,9 @@ static int sm90_tma_aligned(const fmha_fwd_params *p)
  * Whether the sm90 kernel (FMHA_KERNEL_GPU_SM90) takes a prefill problem the
  * gate admits, split decision aside: the first reason it does not, else
  * FMHA_SM90_CHOSEN.  It needs its sm_90a code and a cc 9.x device, runs one
- * unsplit pass over plain (not KV-cache) keys, addresses memory through TMA,
- * and puts (batch, query head) on the grid's y and z.  It does not pack query
+ * unsplit pass over plain keys (no KV cache, no pages, no packed sequences),
+ * addresses memory through TMA, and puts (batch, query head) on the grid's y
+ * and z.  It does not pack query
  * heads: where the old prefill tiles hold all query heads of a kv head
  * (`packed`), they read K/V once for the group, so they stay (unless
  * FMHA_GPU_PREFILL_KERNEL=sm90).
@@ -376,8 +377,13 @@ static fmha_sm90_why sm90_fit(const fmha_fwd_params *p, const fmha_target *t, in
         return FMHA_SM90_ASKED_MMA;
     if (!gpu_sm90_config(p->head_dim, &tiles, &ctas))
         return FMHA_SM90_HEAD_DIM;
+    /* in fmha_sm90_why's order: a paged or packed KV cache says KV_CACHE */
     if (p->seqlens_k || p->k_new || p->v_new || p->seqlen_new)
         return FMHA_SM90_KV_CACHE;
+    if (p->block_table)
+        return FMHA_SM90_PAGED;
+    if (p->cu_seqlens_q || p->cu_seqlens_k)
+        return FMHA_SM90_VARLEN;
     if (requested > 1)
         return FMHA_SM90_FORCED_SPLITS;
     if (!sm90_tma_aligned(p))
@@ -441,7 +447,8 @@ static void plan_kernel(const fmha_fwd_params *p, const fmha_target *t, int kern
     plan->kv_read_once = 0;
     plan->schedule = kernel == FMHA_KERNEL_GPU_SM90 ? sm90_schedule(p, tiles.block_n) : 0;
     memset(&plan->split, 0, sizeof plan->split);
-    const int lengths_known = p->seqlens_k && p->total_keys > 0; /* host cache_seqlens */
+    /* host cache_seqlens or cu_seqlens_k: the glue passes their sum */
+    const int lengths_known = p->total_keys > 0;
     if (kernel == FMHA_KERNEL_GPU_DECODE && !dev->is_amd && dev->l2_bytes > 0) {
         /* K and V bytes the tiles read: the real lengths when known, else the capacity */
         double keys = lengths_known ? (double)p->total_keys : (double)p->batch * (double)p->seqlen_k;

@@ -191,7 +191,11 @@ static int forward_dtypes(const fmha_fwd_views *t)
         require_dtype(&t->seqlens, t->seqlens.elem == FMHA_ELEM_I32, PyExc_TypeError,
                       "be int32") < 0 ||
         require_dtype(&t->k_new, t->k_new.elem == q, PyExc_TypeError, same_as_q) < 0 ||
-        require_dtype(&t->v_new, t->v_new.elem == q, PyExc_TypeError, same_as_q) < 0)
+        require_dtype(&t->v_new, t->v_new.elem == q, PyExc_TypeError, same_as_q) < 0 ||
+        require_dtype(&t->block_table, t->block_table.elem == FMHA_ELEM_I32, PyExc_TypeError,
+                      "be int32") < 0 ||
+        require_dtype(&t->cu_q, t->cu_q.elem == FMHA_ELEM_I32, PyExc_TypeError, "be int32") < 0 ||
+        require_dtype(&t->cu_k, t->cu_k.elem == FMHA_ELEM_I32, PyExc_TypeError, "be int32") < 0)
         return -1;
     return 0;
 }
@@ -209,108 +213,216 @@ static int validate_device_metadata(void)
     return on;
 }
 
-/* Check 0 <= s and s + seqlen_new <= capacity for every cache_seqlens entry:
- * host arrays in place, device memory copied down (only under FMHA_VALIDATE=1).
- * Host lengths are also what the planner sizes a ragged batch by. */
-static int check_cache_seqlens(const fmha_module_state *st, const fmha_fwd_views *v,
-                               int64_t seqlen_new, void *stream, fmha_cache_lengths *lengths)
+/* ------------------------------------------------------------------------ */
+/* forward: the serving arguments' combinations and shapes                   */
+/* ------------------------------------------------------------------------ */
+
+/* Packed keys are a plain ragged batch: no cache to read from or append to. */
+static int check_combinations(const fmha_fwd_views *t)
 {
-    const fmha_tensor *t = &v->seqlens;
-    int64_t batch = t->shape[0];
-    int32_t *host = NULL;
-    const char *base = t->user_data;
-    int64_t stride = t->user_strides[0];
-    /* The kernels read device lengths as a packed int32 array. */
-    if (t->on_gpu && batch > 1 && stride != 1) {
-        PyErr_SetString(PyExc_ValueError, "cache_seqlens on a GPU must be contiguous");
+    if (t->cu_k.present && !t->cu_q.present) {
+        PyErr_SetString(PyExc_ValueError, "cu_seqlens_k needs cu_seqlens_q: packed keys come "
+                        "with packed queries");
         return -1;
     }
-    lengths->known = !t->on_gpu;
-    if (batch == 0 || (t->on_gpu && !validate_device_metadata()))
-        return 0;
-    if (t->on_gpu) {
-        host = malloc((size_t)batch * sizeof *host);
-        if (!host) {
-            PyErr_NoMemory();
+    const fmha_tensor *cache[] = {&t->seqlens, &t->block_table, &t->k_new, &t->v_new};
+    for (size_t i = 0; t->cu_k.present && i < sizeof cache / sizeof cache[0]; i++) {
+        if (cache[i]->present) {
+            PyErr_Format(PyExc_ValueError, "cu_seqlens_k cannot be combined with %s: packed "
+                         "keys [total_k, heads_kv, head_dim] are not a KV cache", cache[i]->name);
             return -1;
         }
-        fmha_status status;
-        Py_BEGIN_ALLOW_THREADS
-        status = fmha_gpu_memcpy(t->device_id, stream, host, t->user_data,
-                                 (size_t)batch * sizeof *host, FMHA_COPY_D2H);
-        if (status == FMHA_OK)
-            status = fmha_gpu_stream_sync(t->device_id, stream);
-        Py_END_ALLOW_THREADS
-        if (fmha_raise_status(st, status, "reading cache_seqlens") < 0) {
-            free(host);
-            return -1;
-        }
-        base = (const char *)host;
-        stride = 1;
     }
-    int64_t capacity = v->k.shape[1];
-    for (int64_t b = 0; b < batch; b++) {
-        int32_t s;
-        memcpy(&s, base + b * stride * (int64_t)sizeof s, sizeof s);
-        if (s < 0 || (int64_t)s + seqlen_new > capacity) {
-            PyErr_Format(PyExc_ValueError, "cache_seqlens[%lld] = %d: need 0 <= cache_seqlens[b]"
-                         "%s <= %lld (the cache capacity k.shape[1])", (long long)b, (int)s,
-                         seqlen_new ? " + k_new.shape[1]" : "", (long long)capacity);
-            free(host);
-            return -1;
-        }
-        if (s > lengths->max_seqlen)
-            lengths->max_seqlen = s;
-        lengths->total_keys += (int64_t)s + seqlen_new;
-    }
-    free(host);
     return 0;
 }
 
-int fmha_validate_forward(const fmha_module_state *st, fmha_fwd_views *t,
-                          fmha_device_choice device, int append, void *stream,
-                          const fmha_opt_int *max_seqlen_k, fmha_cache_lengths *lengths)
+/* q and out are [batch, seqlen_q, ...] or, packed, [total_q, ...]; the
+ * problem's batch comes from cu_seqlens_q then. */
+static int check_q(const fmha_fwd_views *t, fmha_fwd_geometry *g)
 {
     char shape_buf[FMHA_MSG_SHORT];
-    memset(lengths, 0, sizeof *lengths);
-    if (forward_dtypes(t) < 0)
-        return -1;
-    if (require_ndim(&t->q, 4, "[batch, seqlen_q, heads_q, head_dim]") < 0 ||
-        require_ndim(&t->k, 4, "[batch, seqlen_k, heads_kv, head_dim]") < 0 ||
-        require_ndim(&t->v, 4, "[batch, seqlen_k, heads_kv, head_dim]") < 0)
-        return -1;
-    int64_t batch = t->q.shape[0], seqlen_q = t->q.shape[1], heads_q = t->q.shape[2];
-    int64_t head_dim = t->q.shape[3];
-    int64_t seqlen_k = t->k.shape[1], heads_kv = t->k.shape[2];
-    int64_t kv_shape[4] = {batch, seqlen_k, heads_kv, head_dim};
-    if (heads_q < 1 || head_dim < 1) {
+    if (g->varlen_q) {
+        if (require_ndim(&t->cu_q, 1, "[batch + 1]") < 0)
+            return -1;
+        if (t->cu_q.shape[0] < 1) {
+            PyErr_SetString(PyExc_ValueError, "cu_seqlens_q must have batch + 1 >= 1 entries, "
+                            "got shape (0,)");
+            return -1;
+        }
+        if (require_ndim(&t->q, 3, "[total_q, heads_q, head_dim] (packed: cu_seqlens_q is "
+                         "given)") < 0)
+            return -1;
+        g->batch = t->cu_q.shape[0] - 1;
+        g->total_q = t->q.shape[0];
+        g->seqlen_q = 0; /* max_seqlen_q: set once the lengths are known */
+    } else {
+        if (require_ndim(&t->q, 4, "[batch, seqlen_q, heads_q, head_dim]") < 0)
+            return -1;
+        g->batch = t->q.shape[0];
+        g->seqlen_q = t->q.shape[1];
+    }
+    g->heads_q = t->q.shape[t->q.ndim - 2];
+    g->head_dim = t->q.shape[t->q.ndim - 1];
+    if (g->heads_q < 1 || g->head_dim < 1) {
         format_shape(t->q.ndim, t->q.shape, shape_buf, sizeof shape_buf);
         PyErr_Format(PyExc_ValueError, "q must have heads_q >= 1 and head_dim >= 1, got shape %s",
                      shape_buf);
         return -1;
     }
-    if (heads_kv < 1) {
+    return 0;
+}
+
+/* k and v: dense [batch, seqlen_k, ...], packed [total_k, ...] or pages
+ * [num_pages, page_size, ...] that block_table maps. */
+static int check_kv(const fmha_fwd_views *t, fmha_fwd_geometry *g)
+{
+    char shape_buf[FMHA_MSG_SHORT];
+    const char *layout = g->varlen_k ? "[total_k, heads_kv, head_dim] (packed: cu_seqlens_k is "
+                                       "given)"
+                         : g->paged  ? "[num_pages, page_size, heads_kv, head_dim] (paged: "
+                                       "block_table is given)"
+                                     : "[batch, seqlen_k, heads_kv, head_dim]";
+    int ndim = g->varlen_k ? 3 : 4;
+    if (require_ndim(&t->k, ndim, layout) < 0 || require_ndim(&t->v, ndim, layout) < 0)
+        return -1;
+    g->heads_kv = t->k.shape[ndim - 2];
+    if (g->heads_kv < 1) {
         format_shape(t->k.ndim, t->k.shape, shape_buf, sizeof shape_buf);
         PyErr_Format(PyExc_ValueError, "k must have heads_kv >= 1, got shape %s", shape_buf);
         return -1;
     }
-    if (require_shape(&t->k, 4, kv_shape, "[batch, seqlen_k, heads_kv, head_dim] (batch and "
-                      "head_dim of q)") < 0 ||
-        require_shape(&t->v, 4, kv_shape, "(the shape of k)") < 0)
+    int64_t kv_shape[4];
+    const char *expect;
+    if (g->varlen_k) {
+        g->total_k = t->k.shape[0];
+        kv_shape[0] = g->total_k;
+        kv_shape[1] = g->heads_kv;
+        kv_shape[2] = g->head_dim;
+        expect = "[total_k, heads_kv, head_dim] (head_dim of q)";
+    } else if (g->paged) {
+        g->num_pages = t->k.shape[0];
+        g->page_size = t->k.shape[1];
+        if (t->v.shape[1] != g->page_size) {
+            PyErr_Format(PyExc_ValueError, "v has page_size %lld (v.shape[1]) but k has %lld "
+                         "(k.shape[1]); k and v must share one page layout",
+                         (long long)t->v.shape[1], (long long)g->page_size);
+            return -1;
+        }
+        if (g->page_size < 16 || g->page_size % 16 != 0) {
+            PyErr_Format(PyExc_ValueError, "page_size (k.shape[1], paged: block_table is given) "
+                         "must be a positive multiple of 16, got %lld", (long long)g->page_size);
+            return -1;
+        }
+        kv_shape[0] = g->num_pages;
+        kv_shape[1] = g->page_size;
+        kv_shape[2] = g->heads_kv;
+        kv_shape[3] = g->head_dim;
+        expect = "[num_pages, page_size, heads_kv, head_dim] (head_dim of q)";
+    } else {
+        kv_shape[0] = g->batch;
+        kv_shape[1] = t->k.shape[1];
+        kv_shape[2] = g->heads_kv;
+        kv_shape[3] = g->head_dim;
+        expect = g->varlen_q ? "[batch, seqlen_k, heads_kv, head_dim] (batch = "
+                               "cu_seqlens_q.shape[0] - 1, head_dim of q)"
+                             : "[batch, seqlen_k, heads_kv, head_dim] (batch and head_dim of q)";
+        g->seqlen_k = t->k.shape[1];
+    }
+    if (require_shape(&t->k, ndim, kv_shape, expect) < 0 ||
+        require_shape(&t->v, ndim, kv_shape, "(the shape of k)") < 0)
         return -1;
-    if (heads_q % heads_kv != 0) {
-        PyErr_Format(PyExc_ValueError, "heads_q (%lld, q.shape[2]) must be a multiple of "
-                     "heads_kv (%lld, k.shape[2])", (long long)heads_q, (long long)heads_kv);
+    if (g->heads_q % g->heads_kv != 0) {
+        PyErr_Format(PyExc_ValueError, "heads_q (%lld, q.shape[%d]) must be a multiple of "
+                     "heads_kv (%lld, k.shape[%d])", (long long)g->heads_q, t->q.ndim - 2,
+                     (long long)g->heads_kv, ndim - 2);
         return -1;
     }
+    if (g->varlen_k) {
+        int64_t cu_shape[1] = {g->batch + 1};
+        if (require_shape(&t->cu_k, 1, cu_shape, "[batch + 1] (the shape of cu_seqlens_q)") < 0)
+            return -1;
+    }
+    if (g->paged) {
+        if (require_ndim(&t->block_table, 2, "[batch, max_blocks_per_seq]") < 0)
+            return -1;
+        int64_t table_shape[2] = {g->batch, t->block_table.shape[1]};
+        if (require_shape(&t->block_table, 2, table_shape, "[batch, max_blocks_per_seq]") < 0)
+            return -1;
+        g->max_blocks = t->block_table.shape[1];
+        if (g->max_blocks > INT64_MAX / g->page_size) {
+            PyErr_SetString(PyExc_ValueError, "block_table is too wide: max_blocks_per_seq * "
+                            "page_size overflows");
+            return -1;
+        }
+        g->seqlen_k = g->max_blocks * g->page_size;
+    }
+    return 0;
+}
 
-    /* One device for everything (cache_seqlens may also be on the host). */
+/* The capacity of a KV cache, as messages name it. */
+static const char *capacity_name(const fmha_fwd_geometry *g)
+{
+    return g->paged ? "block_table.shape[1] * page_size" : "k.shape[1]";
+}
+
+/* out, lse, cache_seqlens, k_new and v_new against q's and k's shapes. */
+static int check_outputs_and_cache(const fmha_fwd_views *t, int append, fmha_fwd_geometry *g)
+{
+    if (t->out.present && require_shape(&t->out, t->q.ndim, t->q.shape, "(the shape of q)") < 0)
+        return -1;
+    if (t->lse.present) {
+        int64_t lse_shape[3] = {g->batch, g->heads_q, g->seqlen_q};
+        int64_t packed_shape[2] = {g->heads_q, g->total_q};
+        if (g->varlen_q ? require_shape(&t->lse, 2, packed_shape, "[heads_q, total_q] (packed: "
+                                        "cu_seqlens_q is given)") < 0
+                        : require_shape(&t->lse, 3, lse_shape, "[batch, heads_q, seqlen_q]") < 0)
+            return -1;
+    }
+    if (t->k_new.present != t->v_new.present) {
+        PyErr_SetString(PyExc_ValueError, "k_new and v_new must be given together");
+        return -1;
+    }
+    if (t->k_new.present && !t->seqlens.present) {
+        PyErr_SetString(PyExc_ValueError, "k_new/v_new append to a KV cache and need "
+                        "cache_seqlens");
+        return -1;
+    }
+    if (t->seqlens.present) {
+        int64_t seqlens_shape[1] = {g->batch};
+        if (require_shape(&t->seqlens, 1, seqlens_shape, "[batch]") < 0)
+            return -1;
+    }
+    if (!append)
+        return 0;
+    if (g->varlen_q) {
+        int64_t new_shape[3] = {g->total_q, g->heads_kv, g->head_dim};
+        if (require_shape(&t->k_new, 3, new_shape, "[total_q, heads_kv, head_dim] (packed: "
+                          "sequence b appends its cu_seqlens_q rows)") < 0 ||
+            require_shape(&t->v_new, 3, new_shape, "(the shape of k_new)") < 0)
+            return -1;
+        return 0; /* seqlen_new: the longest len_q, once known */
+    }
+    if (require_ndim(&t->k_new, 4, "[batch, seqlen_new, heads_kv, head_dim]") < 0)
+        return -1;
+    g->seqlen_new = t->k_new.shape[1];
+    int64_t new_shape[4] = {g->batch, g->seqlen_new, g->heads_kv, g->head_dim};
+    if (require_shape(&t->k_new, 4, new_shape, "[batch, seqlen_new, heads_kv, head_dim]") < 0 ||
+        require_shape(&t->v_new, 4, new_shape, "(the shape of k_new)") < 0)
+        return -1;
+    return 0;
+}
+
+/* One device for everything; metadata may also be on the host. */
+static int check_places(const fmha_fwd_views *t, fmha_device_choice device)
+{
     const fmha_tensor *placed[] = {&t->k, &t->v, &t->out, &t->lse, &t->k_new, &t->v_new};
     for (size_t i = 0; i < sizeof placed / sizeof placed[0]; i++)
         if (require_same_place(placed[i], &t->q) < 0)
             return -1;
-    if (t->seqlens.on_gpu && require_same_place(&t->seqlens, &t->k) < 0)
-        return -1;
+    const fmha_tensor *meta[] = {&t->seqlens, &t->block_table, &t->cu_q, &t->cu_k};
+    for (size_t i = 0; i < sizeof meta / sizeof meta[0]; i++)
+        if (meta[i]->on_gpu && require_same_place(meta[i], &t->k) < 0)
+            return -1;
     if (device == FMHA_DEVICE_CPU && t->q.on_gpu) {
         char place[FMHA_MSG_SHORT];
         format_place(&t->q, place, sizeof place);
@@ -328,63 +440,336 @@ int fmha_validate_forward(const fmha_module_state *st, fmha_fwd_views *t,
     for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++)
         if (require_device_layout(rows[i], 1) < 0)
             return -1;
-    if (require_device_layout(&t->lse, 0) < 0 || require_device_layout(&t->seqlens, 1) < 0)
+    if (require_device_layout(&t->lse, 0) < 0)
         return -1;
+    /* The kernels read device metadata as packed int32 rows. */
+    for (size_t i = 0; i < sizeof meta / sizeof meta[0]; i++)
+        if (require_device_layout(meta[i], 1) < 0)
+            return -1;
+    return 0;
+}
 
-    /* Outputs. */
-    if (t->out.present && require_shape(&t->out, 4, t->q.shape, "(the shape of q)") < 0)
+/* max_seqlen_q / max_seqlen_k within their ranges (the lengths themselves are
+ * checked against them when they are read). */
+static int check_length_hints(const fmha_fwd_views *t, const fmha_fwd_args *a,
+                              const fmha_fwd_geometry *g)
+{
+    (void)t;
+    const fmha_opt_int *mq = &a->max_seqlen_q, *mk = &a->max_seqlen_k;
+    if (mq->given && !g->varlen_q) {
+        PyErr_SetString(PyExc_ValueError, "max_seqlen_q is the longest packed query sequence "
+                        "and needs cu_seqlens_q");
         return -1;
-    if (t->lse.present) {
-        int64_t lse_shape[3] = {batch, heads_q, seqlen_q};
-        if (require_shape(&t->lse, 3, lse_shape, "[batch, heads_q, seqlen_q]") < 0)
+    }
+    if (mq->given && (mq->value < (g->total_q > 0) || mq->value > g->total_q)) {
+        PyErr_Format(PyExc_ValueError, "max_seqlen_q must be in [%d, %lld] (total_q = "
+                     "q.shape[0]), got %lld", g->total_q > 0, (long long)g->total_q, mq->value);
+        return -1;
+    }
+    if (!mk->given)
+        return 0;
+    if (g->varlen_k) {
+        if (mk->value < (g->total_k > 0) || mk->value > g->total_k) {
+            PyErr_Format(PyExc_ValueError, "max_seqlen_k must be in [%d, %lld] (total_k = "
+                         "k.shape[0]), got %lld", g->total_k > 0, (long long)g->total_k,
+                         mk->value);
+            return -1;
+        }
+        return 0;
+    }
+    /* A plan hint for cache lengths: keys of the longest sequence, appended rows included. */
+    int64_t lo = g->seqlen_new > 1 && !g->varlen_q ? g->seqlen_new : 1;
+    if (mk->value < lo || mk->value > g->seqlen_k) {
+        PyErr_Format(PyExc_ValueError, "max_seqlen_k must be in [%lld, %lld] (%s to %s, the "
+                     "cache capacity), got %lld", (long long)lo, (long long)g->seqlen_k,
+                     lo > 1 ? "k_new.shape[1]" : "1", capacity_name(g), mk->value);
+        return -1;
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------------ */
+/* forward: metadata values                                                  */
+/* ------------------------------------------------------------------------ */
+
+/* One int32 metadata array as the host reads it: the caller's host memory,
+ * or (FMHA_VALIDATE=1) a copy of device memory; base NULL = not readable. */
+typedef struct meta_view {
+    const char *base;
+    int64_t stride0, stride1;   /* elements */
+    int32_t *copy;              /* the downloaded copy (malloc) */
+} meta_view;
+
+static int32_t meta_at(const meta_view *m, int64_t i, int64_t j)
+{
+    int32_t v;
+    memcpy(&v, m->base + (i * m->stride0 + j * m->stride1) * (int64_t)sizeof v, sizeof v);
+    return v;
+}
+
+/* Make the host-readable views of the given metadata: host arrays in place;
+ * device ones, under FMHA_VALIDATE=1, copied down on stream with one sync. */
+static int open_meta(const fmha_module_state *st, const fmha_tensor *const *t, meta_view *m,
+                     size_t n, void *stream)
+{
+    int device = -1;
+    fmha_status status = FMHA_OK;
+    for (size_t i = 0; i < n; i++) {
+        memset(&m[i], 0, sizeof m[i]);
+        if (!t[i]->present || fmha_tensor_numel(t[i]) == 0)
+            continue;
+        m[i].stride0 = t[i]->user_strides[0];
+        m[i].stride1 = t[i]->ndim > 1 ? t[i]->user_strides[1] : 0;
+        if (!t[i]->on_gpu) {
+            m[i].base = t[i]->user_data;
+            continue;
+        }
+        if (!validate_device_metadata())
+            continue;
+        /* Device metadata has non-negative strides and a unit last stride (checked):
+         * the span from the first element to the last covers it. */
+        int64_t span = (t[i]->shape[0] - 1) * m[i].stride0 + 1;
+        if (t[i]->ndim > 1)
+            span += (t[i]->shape[1] - 1) * m[i].stride1;
+        m[i].copy = malloc((size_t)span * sizeof(int32_t));
+        if (!m[i].copy) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        device = t[i]->device_id;
+        Py_BEGIN_ALLOW_THREADS
+        status = fmha_gpu_memcpy(device, stream, m[i].copy, t[i]->user_data,
+                                 (size_t)span * sizeof(int32_t), FMHA_COPY_D2H);
+        Py_END_ALLOW_THREADS
+        if (fmha_raise_status(st, status, "reading device metadata") < 0)
+            return -1;
+        m[i].base = (const char *)m[i].copy;
+    }
+    if (device >= 0) {
+        Py_BEGIN_ALLOW_THREADS
+        status = fmha_gpu_stream_sync(device, stream);
+        Py_END_ALLOW_THREADS
+        if (fmha_raise_status(st, status, "reading device metadata") < 0)
             return -1;
     }
+    return 0;
+}
 
-    /* KV cache. */
-    int64_t seqlen_new = 0;
-    if (t->k_new.present != t->v_new.present) {
-        PyErr_SetString(PyExc_ValueError, "k_new and v_new must be given together");
+/* cu_seqlens: starts at 0, never decreases, ends at the total; its longest
+ * sequence within max_seqlen when given.  *longest gets the longest. */
+static int check_cu_seqlens(const meta_view *m, int64_t batch, const char *name,
+                            const char *total_name, int64_t total, const fmha_opt_int *max_seqlen,
+                            const char *max_name, int64_t *longest)
+{
+    int32_t first = meta_at(m, 0, 0);
+    *longest = 0;
+    if (first != 0) {
+        PyErr_Format(PyExc_ValueError, "%s[0] = %d: %s must start at 0", name, (int)first, name);
         return -1;
     }
-    if (t->k_new.present && !t->seqlens.present) {
-        PyErr_SetString(PyExc_ValueError, "k_new/v_new append to a KV cache and need "
-                        "cache_seqlens");
+    for (int64_t b = 0; b < batch; b++) {
+        int32_t lo = meta_at(m, b, 0), hi = meta_at(m, b + 1, 0);
+        if (hi < lo) {
+            PyErr_Format(PyExc_ValueError, "%s[%lld] = %d < %s[%lld] = %d: %s must not decrease",
+                         name, (long long)(b + 1), (int)hi, name, (long long)b, (int)lo, name);
+            return -1;
+        }
+        if ((int64_t)hi - lo > *longest)
+            *longest = (int64_t)hi - lo;
+    }
+    int32_t last = meta_at(m, batch, 0);
+    if (last != total) {
+        PyErr_Format(PyExc_ValueError, "%s[%lld] = %d: %s must end at %s = %lld", name,
+                     (long long)batch, (int)last, name, total_name, (long long)total);
         return -1;
+    }
+    if (max_seqlen->given && *longest > max_seqlen->value) {
+        for (int64_t b = 0; b < batch; b++) {
+            int64_t len = (int64_t)meta_at(m, b + 1, 0) - meta_at(m, b, 0);
+            if (len > max_seqlen->value) {
+                PyErr_Format(PyExc_ValueError, "%s: sequence %lld has %lld rows, more than "
+                             "%s = %lld", name, (long long)b, (long long)len, max_name,
+                             max_seqlen->value);
+                return -1;
+            }
+        }
+    }
+    return 0;
+}
+
+/* Rows sequence b appends: -1 when not known on the host (device cu_seqlens_q). */
+static int64_t new_rows(const fmha_fwd_geometry *g, int append, const meta_view *cu_q, int64_t b)
+{
+    if (!append)
+        return 0;
+    if (!g->varlen_q)
+        return g->seqlen_new;
+    if (!cu_q->base)
+        return -1;
+    return (int64_t)meta_at(cu_q, b + 1, 0) - meta_at(cu_q, b, 0);
+}
+
+/* Check 0 <= s and s + new_len(b) <= capacity for every cache_seqlens entry
+ * (new_len not known: s <= capacity) and learn the key lengths when every
+ * one is known on the host. */
+static int check_cache_seqlens(const fmha_fwd_views *t, const fmha_fwd_geometry *g, int append,
+                               const meta_view *seqlens, const meta_view *cu_q,
+                               fmha_cache_lengths *lengths)
+{
+    int known = 1;
+    for (int64_t b = 0; b < g->batch; b++) {
+        int32_t s = meta_at(seqlens, b, 0);
+        int64_t n = new_rows(g, append, cu_q, b);
+        known &= n >= 0;
+        if (s < 0 || (int64_t)s + (n > 0 ? n : 0) > g->seqlen_k) {
+            const char *plus = !append ? "" : g->varlen_q ? " + (its new rows in cu_seqlens_q)"
+                                                          : " + k_new.shape[1]";
+            if (append && g->varlen_q && n < 0)
+                plus = "";
+            PyErr_Format(PyExc_ValueError, "cache_seqlens[%lld] = %d: need 0 <= cache_seqlens[b]"
+                         "%s <= %lld (the cache capacity %s)", (long long)b, (int)s, plus,
+                         (long long)g->seqlen_k, capacity_name(g));
+            return -1;
+        }
+        int64_t keys = (int64_t)s + (n > 0 ? n : 0);
+        if (keys > lengths->max_keys)
+            lengths->max_keys = keys;
+        lengths->total_keys += keys;
+    }
+    (void)t;
+    lengths->known = known;
+    return 0;
+}
+
+/* Host block_table entries within each sequence's keys must name a page of
+ * k/v: the first ceil(len_k(b) / page_size) entries of row b, or every entry
+ * where len_k(b) is the capacity (no cache_seqlens) or not known on the host. */
+static int check_block_table(const fmha_fwd_geometry *g, int append, const meta_view *table,
+                             const meta_view *seqlens, const meta_view *cu_q, int have_seqlens)
+{
+    for (int64_t b = 0; b < g->batch; b++) {
+        int64_t used = g->max_blocks;
+        const char *which = !have_seqlens ? "entries of every row (without cache_seqlens each "
+                                            "sequence fills its row)"
+                                          : "entries of every row (the sequences' lengths are "
+                                            "not known on the host)";
+        int64_t n = have_seqlens && seqlens->base ? new_rows(g, append, cu_q, b) : -1;
+        if (n >= 0) {
+            int64_t keys = (int64_t)meta_at(seqlens, b, 0) + n;
+            used = (keys + g->page_size - 1) / g->page_size;
+            which = "first ceil(len_k(b) / page_size) entries of row b";
+        }
+        for (int64_t i = 0; i < used; i++) {
+            int32_t page = meta_at(table, b, i);
+            if (page < 0 || page >= g->num_pages) {
+                PyErr_Format(PyExc_ValueError, "block_table[%lld, %lld] = %d: need 0 <= "
+                             "block_table[b, i] < num_pages = %lld (k.shape[0]) for the %s",
+                             (long long)b, (long long)i, (int)page, (long long)g->num_pages,
+                             which);
+                return -1;
+            }
+        }
+    }
+    return 0;
+}
+
+/* Read what host (or, under FMHA_VALIDATE=1, device) metadata says, check it,
+ * and settle the longest lengths. */
+static int check_metadata(const fmha_module_state *st, const fmha_fwd_views *t,
+                          const fmha_fwd_args *a, int append, void *stream,
+                          fmha_fwd_geometry *g, fmha_cache_lengths *lengths)
+{
+    enum { CU_Q, CU_K, SEQLENS, TABLE, N_META };
+    const fmha_tensor *tensors[N_META] = {&t->cu_q, &t->cu_k, &t->seqlens, &t->block_table};
+    meta_view m[N_META];
+    int rc = -1;
+    if (open_meta(st, tensors, m, N_META, stream) < 0)
+        goto done;
+    if (g->varlen_q) {
+        int64_t longest = g->total_q;
+        g->q_source = a->max_seqlen_q.given ? FMHA_LEN_GIVEN : FMHA_LEN_TOTAL;
+        if (m[CU_Q].base) {
+            if (check_cu_seqlens(&m[CU_Q], g->batch, "cu_seqlens_q", "total_q = q.shape[0]",
+                                 g->total_q, &a->max_seqlen_q, "max_seqlen_q", &longest) < 0)
+                goto done;
+            if (!a->max_seqlen_q.given && !t->cu_q.on_gpu)
+                g->q_source = FMHA_LEN_COMPUTED;
+            else if (!a->max_seqlen_q.given)
+                longest = g->total_q; /* FMHA_VALIDATE read it: the plan must not depend on that */
+        }
+        g->seqlen_q = a->max_seqlen_q.given ? a->max_seqlen_q.value : longest;
+        if (append)
+            g->seqlen_new = g->seqlen_q;
+    }
+    if (g->varlen_k) {
+        int64_t longest = g->total_k;
+        g->k_source = a->max_seqlen_k.given ? FMHA_LEN_GIVEN : FMHA_LEN_TOTAL;
+        if (m[CU_K].base) {
+            if (check_cu_seqlens(&m[CU_K], g->batch, "cu_seqlens_k", "total_k = k.shape[0]",
+                                 g->total_k, &a->max_seqlen_k, "max_seqlen_k", &longest) < 0)
+                goto done;
+            if (!t->cu_k.on_gpu) {
+                if (!a->max_seqlen_k.given)
+                    g->k_source = FMHA_LEN_COMPUTED;
+                lengths->known = 1;
+                lengths->max_keys = longest;
+                lengths->total_keys = g->total_k;
+            } else if (!a->max_seqlen_k.given) {
+                longest = g->total_k;
+            }
+        }
+        g->seqlen_k = a->max_seqlen_k.given ? a->max_seqlen_k.value : longest;
     }
     if (t->seqlens.present) {
-        int64_t seqlens_shape[1] = {batch};
-        if (require_shape(&t->seqlens, 1, seqlens_shape, "[batch]") < 0)
-            return -1;
+        /* The kernels read device lengths as a packed int32 array. */
+        if (t->seqlens.on_gpu && g->batch > 1 && t->seqlens.strides[0] != 1) {
+            PyErr_SetString(PyExc_ValueError, "cache_seqlens on a GPU must be contiguous");
+            goto done;
+        }
+        fmha_cache_lengths found = {0, 0, 0};
+        if (m[SEQLENS].base &&
+            check_cache_seqlens(t, g, append, &m[SEQLENS], &m[CU_Q], &found) < 0)
+            goto done;
+        /* Only host arrays may shape the plan (device ones read under FMHA_VALIDATE
+         * must plan as they would without it), and only when every length is known. */
+        if (!t->seqlens.on_gpu && !(g->varlen_q && append && t->cu_q.on_gpu) && found.known)
+            *lengths = found;
     }
-    if (append) {
-        if (require_ndim(&t->k_new, 4, "[batch, seqlen_new, heads_kv, head_dim]") < 0)
-            return -1;
-        seqlen_new = t->k_new.shape[1];
-        int64_t new_shape[4] = {batch, seqlen_new, heads_kv, head_dim};
-        if (require_shape(&t->k_new, 4, new_shape, "[batch, seqlen_new, heads_kv, head_dim]") < 0 ||
-            require_shape(&t->v_new, 4, new_shape, "(the shape of k_new)") < 0)
-            return -1;
-    }
+    if (g->paged && m[TABLE].base &&
+        check_block_table(g, append, &m[TABLE], &m[SEQLENS], &m[CU_Q], t->seqlens.present) < 0)
+        goto done;
+    rc = 0;
+done:
+    for (int i = 0; i < N_META; i++)
+        free(m[i].copy);
+    return rc;
+}
+
+int fmha_validate_forward(const fmha_module_state *st, fmha_fwd_views *t,
+                          const fmha_fwd_args *a, int append, void *stream,
+                          fmha_fwd_geometry *g, fmha_cache_lengths *lengths)
+{
+    memset(lengths, 0, sizeof *lengths);
+    memset(g, 0, sizeof *g);
+    g->varlen_q = t->cu_q.present;
+    g->varlen_k = t->cu_k.present;
+    g->paged = t->block_table.present;
+    if (forward_dtypes(t) < 0 || check_combinations(t) < 0 || check_q(t, g) < 0 ||
+        check_kv(t, g) < 0 || check_outputs_and_cache(t, append, g) < 0 ||
+        check_places(t, a->device) < 0)
+        return -1;
 
     /* Written tensors: no aliasing among their own elements or with anything else. */
-    fmha_tensor *inputs[] = {&t->q, &t->k, &t->v, &t->k_new, &t->v_new, &t->seqlens};
+    fmha_tensor *inputs[] = {&t->q, &t->k, &t->v, &t->k_new, &t->v_new, &t->seqlens,
+                             &t->block_table, &t->cu_q, &t->cu_k};
     fmha_tensor *written[] = {&t->out, &t->lse, append ? &t->k : NULL, append ? &t->v : NULL};
     if (require_apart(written, sizeof written / sizeof written[0], inputs,
                       sizeof inputs / sizeof inputs[0], &t->k, &t->v) < 0)
         return -1;
 
-    /* A plan hint for device lengths: keys of the longest sequence, appended rows included. */
-    if (max_seqlen_k->given &&
-        (max_seqlen_k->value < (seqlen_new > 1 ? seqlen_new : 1) || max_seqlen_k->value > seqlen_k)) {
-        PyErr_Format(PyExc_ValueError, "max_seqlen_k must be in [%lld, %lld] (%s to k.shape[1], the "
-                     "cache capacity), got %lld", (long long)(seqlen_new > 1 ? seqlen_new : 1),
-                     (long long)seqlen_k, seqlen_new > 1 ? "k_new.shape[1]" : "1",
-                     max_seqlen_k->value);
+    if (check_length_hints(t, a, g) < 0)
         return -1;
-    }
-    if (t->seqlens.present && check_cache_seqlens(st, t, seqlen_new, stream, lengths) < 0)
-        return -1;
-    return 0;
+    return check_metadata(st, t, a, append, stream, g, lengths);
 }
 
 /* ------------------------------------------------------------------------ */
