@@ -63,6 +63,10 @@
 #ifndef FMHA_SM90_D64_CONSUMERS
 #define FMHA_SM90_D64_CONSUMERS 3 /* a build knob for comparisons (sm90_variants.sh) */
 #endif
+/* A warp skips O *= 1 when no row's max moved, at head_dims up to this (0: never). */
+#ifndef FMHA_SM90_SKIP_UNIT_RESCALE_MAX_HEAD_DIM
+#define FMHA_SM90_SKIP_UNIT_RESCALE_MAX_HEAD_DIM 64
+#endif
 #define FMHA_GPU_SM90_CONFIGS(X)                                                          \
     X(64, 64 * FMHA_SM90_D64_CONSUMERS, 128, 4 * (1 + FMHA_SM90_D64_CONSUMERS), 3, 1, 1) \
     X(128, 128, 128, 12, 2, 1, 1)

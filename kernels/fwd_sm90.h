@@ -83,7 +83,7 @@ constexpr float LN2 = 0.693147180559945309f;
 /* Shared memory of one CTA (offsets from a 1024-aligned base). */
 template <int HEAD_DIM> struct smem_plan {
     static constexpr int panels = HEAD_DIM / PANEL_COLS;
-    static constexpr int stages = HEAD_DIM <= 64 ? 3 : 2; /* what fits in 227 KB */
+    static constexpr int stages = HEAD_DIM <= 64 ? 3 : 2; /* 3 at d128 fit in 227 KB but gain nothing */
     static constexpr int q_panel = tile_shape<HEAD_DIM>::block_m * SWIZZLE_ROW_BYTES;
     static constexpr int kv_panel = BLOCK_N * SWIZZLE_ROW_BYTES;
     static constexpr int q_bytes = panels * q_panel;
@@ -447,7 +447,12 @@ fwd_sm90_kernel(const __grid_constant__ tensor_maps maps, const fmha_fwd_params 
                 mma.template wait<0>(o);
                 mbar_arrive(bars.v_empty(v_pos.stage));
                 v_pos.advance();
-                rescale_rows(o, rescale);
+                /* A rescale of exactly 1 (no row of the warp found a new max: exp2(0) is 1)
+                 * changes no bit of O, so at d64 a warp skips the multiplies then; at d128
+                 * the vote costs more than it saves (fmha_config.h). */
+                if (HEAD_DIM > FMHA_SM90_SKIP_UNIT_RESCALE_MAX_HEAD_DIM ||
+                    __any_sync(0xffffffffu, rescale[0] != 1.f || rescale[1] != 1.f))
+                    rescale_rows(o, rescale);
                 p_operands<T>(pv, s);
             }
 
