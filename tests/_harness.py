@@ -72,6 +72,40 @@ def make_qkv(rng, batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, dtype=
     return q, k, v
 
 
+def packed(rng, lengths, heads, head_dim, dtype="f32"):
+    """Packed rows of sequences of the given lengths: (x [sum, heads, head_dim],
+    cu_seqlens int32 [len(lengths) + 1])."""
+    cu = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+    return randn(rng, (int(cu[-1]), heads, head_dim), dtype), cu
+
+
+def paged_cache(rng, lengths, page_size, max_blocks, heads_kv, head_dim, dtype="f32",
+                reach=None, spare_pages=3):
+    """A paged KV cache: (k, v [num_pages, page_size, heads_kv, head_dim], block_table
+    int32 [batch, max_blocks]).  Sequence b holds lengths[b] keys; its pages are drawn
+    from a shuffled pool with spare_pages never used.  Every slot that holds none of
+    those keys is NaN (spare pages, the tail of a last page, slots an append will fill),
+    so a backend that reads one shows it.  Table entries past the first
+    ceil(reach[b] / page_size) of row b (reach defaults to lengths) are -1: they hold
+    no page and must not be read."""
+    lengths = np.asarray(lengths, np.int64)
+    reach = lengths if reach is None else np.asarray(reach, np.int64)
+    batch = len(lengths)
+    num_pages = batch * max_blocks + spare_pages
+    k = randn(rng, (num_pages, page_size, heads_kv, head_dim), dtype)
+    v = randn(rng, (num_pages, page_size, heads_kv, head_dim), dtype)
+    table = rng.permutation(num_pages)[:batch * max_blocks].reshape(batch, max_blocks)
+    table = table.astype(np.int32)
+    holds = np.zeros((num_pages, page_size), bool)
+    for b in range(batch):
+        for j in range(-(-int(lengths[b]) // page_size)):
+            holds[table[b, j], :min(page_size, int(lengths[b]) - j * page_size)] = True
+        table[b, -(-int(reach[b]) // page_size):] = -1
+    k[~holds] = np.nan
+    v[~holds] = np.nan
+    return k, v, table
+
+
 def gpu_devices():
     return list(fmha_native.info().get("devices") or [])
 
@@ -115,9 +149,11 @@ class Backend:
         return {} if self.use_torch else {"device": "gpu"}
 
     def put(self, x):
-        """Move one NumPy array where this backend runs (None passes through)."""
-        if x is None or not self.use_torch:
-            return x
+        """Move one NumPy array where this backend runs (None passes through).  Integer
+        metadata (cache_seqlens, block_table, cu_seqlens_q/k) keeps its dtype and goes
+        to the device like the tensors, so GPU runs read it as device metadata."""
+        if x is None or not self.use_torch or not isinstance(x, np.ndarray):
+            return x  # already where it runs
         if x.dtype.kind == "i":
             return torch.from_numpy(np.ascontiguousarray(x)).cuda()
         tdtype = {"f32": torch.float32, "f16": torch.float16,
@@ -147,9 +183,17 @@ class Backend:
                         "no GPU parity ran")
 
     def forward_native(self, q, k, v, **kw):
-        """fmha_native.forward on this backend; returns its native result."""
+        """fmha_native.forward on this backend; returns its native result.  Every NumPy
+        keyword argument (k_new/v_new and the integer metadata) is moved with put."""
         kw = {key: self.put(val) if isinstance(val, np.ndarray) else val for key, val in kw.items()}
         return fmha_native.forward(self.put(q), self.put(k), self.put(v), **self.device_kw(), **kw)
+
+    def forward_append(self, q, k, v, **kw):
+        """forward with an in-place append (k_new/v_new): returns float64 (out, lse,
+        k after, v after), the caches read back from where the backend wrote them."""
+        kd, vd = self.put(k), self.put(v)
+        out, lse = self.forward_native(q, kd, vd, **kw)
+        return as_f64(out), as_f64(lse), as_f64(kd), as_f64(vd)
 
     def forward(self, q, k, v, **kw):
         """fmha_native.forward on this backend; returns float64 NumPy (out, lse)."""
@@ -196,10 +240,14 @@ def assert_close(out, lse, ref_out, ref_lse, dtype, lse_rtol=0.0, what=""):
         assert lerr <= bound, f"{what} lse abs error {lerr:.3g} > {bound:.3g} ({dtype})"
 
 
+# forward's keywords that the reference takes with the same meaning.
+REFERENCE_KEYWORDS = ("causal", "softmax_scale", "cache_seqlens", "k_new", "v_new", "block_table",
+                      "cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k")
+
+
 def check_forward(backend, q, k, v, dtype, lse_rtol=0.0, **kw):
     """Run one problem on backend and hold it to the reference; returns (out, lse)."""
-    ref_kw = {key: kw[key] for key in ("causal", "softmax_scale", "cache_seqlens", "k_new", "v_new")
-              if key in kw}
+    ref_kw = {key: kw[key] for key in REFERENCE_KEYWORDS if key in kw}
     ref_out, ref_lse = reference.forward(q, k, v, **ref_kw)
     out, lse = backend.forward(q, k, v, **kw)
     assert_close(out, lse, ref_out, ref_lse, dtype, lse_rtol=lse_rtol)

@@ -150,3 +150,113 @@ def test_reference_accepts_torch_and_bf16():
     from_torch = reference.forward(tq, tk, tv)
     np.testing.assert_array_equal(from_np[0], from_torch[0])
     assert from_np[0].dtype == np.float64
+
+
+def _scatter_pages(rng, k, page_size):
+    """A dense [batch, capacity, ...] cache as shuffled pages plus its block table."""
+    batch, capacity = k.shape[:2]
+    blocks = capacity // page_size
+    order = rng.permutation(batch * blocks + 2)
+    table = order[:batch * blocks].reshape(batch, blocks).astype(np.int32)
+    pages = np.full((batch * blocks + 2, page_size) + k.shape[2:], np.nan)
+    for b in range(batch):
+        for j in range(blocks):
+            pages[table[b, j]] = k[b, j * page_size:(j + 1) * page_size]
+    return pages, table
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_reference_paged_equals_dense(causal):
+    """A paged cache is the dense cache it scatters: same results, same appends."""
+    rng = np.random.default_rng(12700)
+    q, k, v = make_qkv(rng, 3, 2, 64, 4, 2, 8, "f32")
+    lens = np.array([0, 62, 17], np.int32)
+    k_new = rng.standard_normal((3, 2, 2, 8))
+    v_new = rng.standard_normal((3, 2, 2, 8))
+    kp, table = _scatter_pages(np.random.default_rng(1), k, 16)
+    vp, _ = _scatter_pages(np.random.default_rng(1), v, 16)
+    kw = {"causal": causal, "cache_seqlens": lens, "k_new": k_new, "v_new": v_new}
+    dense = reference.forward(q, k, v, **kw)
+    paged = reference.forward(q, kp, vp, block_table=table, **kw)
+    np.testing.assert_array_equal(dense[0], paged[0])
+    np.testing.assert_array_equal(dense[1], paged[1])
+    k_dense, _ = reference.append_kv(k, v, lens, k_new, v_new)
+    kp_before = kp.copy()
+    k_paged, _ = reference.append_kv(kp, vp, lens, k_new, v_new, block_table=table)
+    np.testing.assert_array_equal(kp, kp_before)  # the caller's pages are not modified
+    for b in range(3):
+        np.testing.assert_array_equal(k_paged[table[b]].reshape(k.shape[1:]), k_dense[b])
+    # Spare pages (never in the table) stay as they were: NaN.
+    assert np.isnan(k_paged[np.setdiff1d(np.arange(kp.shape[0]), table)]).all()
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_reference_varlen_matches_loop(causal):
+    """Packed sequences: each one is the definition applied to its own rows and keys,
+    causal bottom-right with its own len_q and len_k."""
+    rng = np.random.default_rng(12800)
+    lens_q, lens_k = [0, 1, 4, 6, 2], [3, 0, 2, 6, 5]
+    cu_q = np.concatenate([[0], np.cumsum(lens_q)]).astype(np.int32)
+    cu_k = np.concatenate([[0], np.cumsum(lens_k)]).astype(np.int32)
+    q = rng.standard_normal((cu_q[-1], 4, 4))
+    k = rng.standard_normal((cu_k[-1], 2, 4))
+    v = rng.standard_normal((cu_k[-1], 2, 4))
+    out, lse = reference.forward(q, k, v, causal=causal, softmax_scale=0.6,
+                                 cu_seqlens_q=cu_q, cu_seqlens_k=cu_k)
+    assert out.shape == q.shape and lse.shape == (4, cu_q[-1])
+    for b in range(len(lens_q)):
+        rows, keys = slice(cu_q[b], cu_q[b + 1]), slice(cu_k[b], cu_k[b + 1])
+        want_out, want_lse = _loop_attention(q[None, rows], k[None, keys], v[None, keys],
+                                             causal, 0.6)
+        np.testing.assert_allclose(out[rows], want_out[0], rtol=1e-12, atol=1e-12)
+        np.testing.assert_array_equal(np.isneginf(lse[:, rows]), np.isneginf(want_lse[0]))
+        fin = np.isfinite(want_lse[0])
+        np.testing.assert_allclose(lse[:, rows][fin], want_lse[0][fin], rtol=1e-12)
+
+
+def test_reference_packed_append_follows_cu_seqlens_q():
+    """Packed k_new: sequence b appends its len_q(b) rows; a dense cache of that shape
+    then gives the same result with the longer cache_seqlens."""
+    rng = np.random.default_rng(12900)
+    lens_q = [3, 1, 0]
+    cu_q = np.concatenate([[0], np.cumsum(lens_q)]).astype(np.int32)
+    q = rng.standard_normal((4, 4, 8))
+    k_new = rng.standard_normal((4, 2, 8))
+    v_new = rng.standard_normal((4, 2, 8))
+    k = rng.standard_normal((3, 10, 2, 8))
+    v = rng.standard_normal((3, 10, 2, 8))
+    lens = np.array([2, 9, 10], np.int32)
+    k2, v2 = reference.append_kv(k, v, lens, k_new, v_new, cu_seqlens_q=cu_q)
+    np.testing.assert_array_equal(k2[0, 2:5], k_new[0:3])
+    np.testing.assert_array_equal(k2[1, 9], k_new[3])
+    np.testing.assert_array_equal(k2[2], k[2])
+    np.testing.assert_array_equal(k2[0, 5:], k[0, 5:])
+    kw = {"causal": True, "cu_seqlens_q": cu_q}
+    appended = reference.forward(q, k, v, cache_seqlens=lens, k_new=k_new, v_new=v_new, **kw)
+    direct = reference.forward(q, k2, v2, cache_seqlens=lens + np.array(lens_q, np.int32), **kw)
+    np.testing.assert_array_equal(appended[0], direct[0])
+    np.testing.assert_array_equal(appended[1], direct[1])
+    with pytest.raises(ValueError):  # sequence 1 would end past the capacity
+        reference.append_kv(k, v, np.array([2, 10, 0], np.int32), k_new, v_new,
+                            cu_seqlens_q=cu_q)
+
+
+def test_reference_rejects_bad_metadata():
+    rng = np.random.default_rng(13000)
+    q = rng.standard_normal((5, 2, 4))
+    k = rng.standard_normal((7, 2, 4))
+    cu_q = np.array([0, 2, 5], np.int32)
+    cu_k = np.array([0, 3, 7], np.int32)
+    for bad in ([1, 2, 5], [0, 3, 2], [0, 2, 4]):
+        with pytest.raises(ValueError, match="cu_seqlens_q"):
+            reference.forward(q, k, k, cu_seqlens_q=np.array(bad), cu_seqlens_k=cu_k)
+    with pytest.raises(ValueError, match="max_seqlen_q"):
+        reference.forward(q, k, k, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=2)
+    with pytest.raises(ValueError, match="cu_seqlens_q"):
+        reference.forward(q, k, k, cu_seqlens_k=cu_k)
+    pages = rng.standard_normal((3, 16, 2, 4))
+    qd = rng.standard_normal((1, 1, 2, 4))
+    table = np.array([[2, 3]], np.int32)  # entry 1 holds keys 16..31
+    reference.forward(qd, pages, pages, block_table=table, cache_seqlens=np.array([16]))
+    with pytest.raises(ValueError, match="block_table"):
+        reference.forward(qd, pages, pages, block_table=table, cache_seqlens=np.array([17]))
