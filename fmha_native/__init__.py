@@ -7,13 +7,26 @@ the caller's own library, so results come back as the caller's kind of array.
 torch and CuPy are imported only when the caller's objects come from them.
 It also owns the checks made once at import (the extension's version, the
 FMHA_NUM_THREADS / FMHA_CPU_SIMD / FMHA_GPU_PREFILL_KERNEL settings), the refusal of torch tensors that
-require grad under grad mode, and the public functions' signatures.
+require grad under grad mode, the routing of torch calls that torch traces or compiles
+through the torch.library ops of fmha_native/_torch_ops.py, and the public functions'
+signatures.
 
     out, lse = fmha_native.forward(q, k, v, causal=True, num_splits=0)
 
 Layout: q [batch, seqlen_q, heads_q, head_dim], k and v
 [batch, seqlen_k, heads_kv, head_dim]; out like q; lse float32
-[batch, heads_q, seqlen_q] (natural log).  See DESIGN.md for the contract.
+[batch, heads_q, seqlen_q] (natural log).  Packed (varlen) calls with cu_seqlens_q:
+q [total_q, heads_q, head_dim], out like q, lse float32 [heads_q, total_q].  See
+DESIGN.md for the contract.
+
+torch: plain eager calls go straight to the extension (its C fast path reads torch
+tensors and torch's current stream), because the custom op's dispatch would cost more
+than the whole direct call on a decode step (_torch_ops.py's docstring has the
+numbers).  Calls made while torch traces or compiles (torch.compiler.is_compiling(),
+fake or functional tensors, a dispatch mode) go through the ops fmha_native::forward,
+forward_out, forward_append, combine and combine_out, so torch.compile(fullgraph=True)
+sees one op.  The ops are registered when this package first meets a torch tensor
+(inside torch.compile too: dynamo runs the import of _torch_ops for real).
 """
 # The extension is a top-level module, not fmha_native._C: from a source checkout
 # (the repository root on sys.path) this package is the tree's own copy of the
@@ -111,11 +124,18 @@ def _warn_environment():
 _warn_environment()
 
 # The torch module and its Tensor type, set the first time a torch tensor is
-# seen (this module never imports torch itself), and the cheapest way to ask
-# torch for the current stream of a device.
+# seen (this module never imports torch itself), the cheapest way to ask
+# torch for the current stream of a device, and fmha_native._torch_ops (the
+# torch.library ops, registered when it is imported).
 _torch = None
 _torch_tensor = None
 _torch_raw_stream = None
+_ops = None
+# torch.compiler.is_compiling and the depth of torch's dispatch-mode stack, called
+# directly by forward/combine for plain tensors (a call through _ops.wanted costs
+# as much again on every eager call).
+_torch_compiling = None
+_torch_dispatch_modes = None
 
 # type -> "torch", "cupy" or None, filled as types are met: the module-name test
 # below costs more than the rest of a NumPy call's Python glue.
@@ -140,15 +160,21 @@ def _library(obj):
 
 
 def _load_torch():
-    global _torch, _torch_tensor, _torch_raw_stream
+    global _torch, _torch_tensor, _torch_raw_stream, _ops, _torch_compiling
+    global _torch_dispatch_modes
     if _torch is None:
         import torch
+
+        from . import _torch_ops as ops
 
         # torch.cuda.current_stream(i).cuda_stream builds a Stream object;
         # the raw handle it wraps comes from this function (what torch's own
         # compiled code calls), when this torch has it.
         _torch_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
         _torch_tensor = torch.Tensor
+        _ops = ops
+        _torch_compiling = ops.is_compiling
+        _torch_dispatch_modes = ops.dispatch_modes
         _torch = torch
     return _torch
 
@@ -189,6 +215,19 @@ def _no_grad_input(name, x):
     output written behind autograd's back) would be silently wrong."""
     if _library(x) != "torch" or not x.requires_grad:
         return x
+    return _detached(name, x)
+
+
+def _traced_no_grad_input(name, x):
+    """_no_grad_input on the ops' path, which dynamo traces: without _library, whose
+    type cache dynamo would guard on (recompiling whenever a new type is cached)."""
+    if isinstance(x, _torch_tensor) and x.requires_grad:
+        return _detached(name, x)
+    return x
+
+
+def _detached(name, x):
+    """x.detach() for a torch tensor x that requires grad, outside grad mode."""
     if _torch.is_grad_enabled():
         raise ValueError(
             f"{name} requires grad, but fmha_native computes the attention forward only (no "
@@ -198,25 +237,35 @@ def _no_grad_input(name, x):
 
 
 # Tensor arguments of forward/explain and of combine, checked by _no_grad_input.
-_FORWARD_TENSOR_KEYWORDS = ("out", "lse", "cache_seqlens", "k_new", "v_new")
+_FORWARD_TENSOR_KEYWORDS = ("out", "lse", "cache_seqlens", "k_new", "v_new", "block_table",
+                            "cu_seqlens_q", "cu_seqlens_k")
 _COMBINE_TENSOR_KEYWORDS = ("out", "lse")
 
 
-def _no_grad_keywords(kw, names):
+def _no_grad_keywords(kw, names, check=_no_grad_input):
     for name in names:
         x = kw.get(name)
         if x is not None:
-            kw[name] = _no_grad_input(name, x)
+            kw[name] = check(name, x)
+
+
+def _q_rank(kw):
+    """The rank q must have for forward to allocate its outputs: 3 when packed."""
+    return 4 if kw.get("cu_seqlens_q") is None else 3
 
 
 def _forward_outputs(q, kw, empty, float32):
-    """Allocate out (like q) and lse (float32 [batch, heads_q, seqlen_q]) where kw has none;
-    empty(shape, dtype) is the library's allocator on q's device."""
+    """Allocate out (like q) and lse (float32 [batch, heads_q, seqlen_q], or
+    [heads_q, total_q] with cu_seqlens_q) where kw has none; q has _q_rank(kw)
+    dimensions; empty(shape, dtype) is the library's allocator on q's device."""
     if kw.get("out") is None:
         kw["out"] = empty(q.shape, q.dtype)
     if kw.get("lse") is None and kw.get("return_lse", True):
-        batch, seqlen_q, heads_q = q.shape[0], q.shape[1], q.shape[2]
-        kw["lse"] = empty((batch, heads_q, seqlen_q), float32)
+        if kw.get("cu_seqlens_q") is not None:
+            kw["lse"] = empty((q.shape[1], q.shape[0]), float32)
+        else:
+            batch, seqlen_q, heads_q = q.shape[0], q.shape[1], q.shape[2]
+            kw["lse"] = empty((batch, heads_q, seqlen_q), float32)
 
 
 def _combine_outputs(outs, kw, empty, float32):
@@ -240,7 +289,7 @@ def _prepare(lib, q, k, v, kw, allocate):
         ctx, kw = _torch_context(q, kw)
         # Only a well-formed q gets outputs here, and device tensors with
         # device="cpu" get none: _C reports those errors.
-        if (allocate and q.dim() == 4 and
+        if (allocate and q.dim() == _q_rank(kw) and
                 not (kw.get("device") == "cpu" and q.device.type != "cpu") and
                 (kw.get("out") is None or kw.get("lse") is None)):
             torch = _torch
@@ -248,11 +297,21 @@ def _prepare(lib, q, k, v, kw, allocate):
                              torch.float32)
         return ctx, q, k, v, kw
     ctx, kw = _cupy_context(q, kw)
-    if allocate and q.ndim == 4 and kw.get("device") != "cpu":
+    if allocate and q.ndim == _q_rank(kw) and kw.get("device") != "cpu":
         import cupy
 
         _forward_outputs(q, kw, lambda shape, dtype: cupy.empty(shape, dtype=dtype), cupy.float32)
     return ctx, q, k, v, kw
+
+
+def _ops_forward(q, k, v, kw):
+    """forward through the torch ops (torch is tracing or compiling the call)."""
+    check = _traced_no_grad_input
+    q, k, v = check("q", q), check("k", k), check("v", v)
+    if kw:
+        kw = dict(kw)
+        _no_grad_keywords(kw, _FORWARD_TENSOR_KEYWORDS, check)
+    return _ops.call_forward(q, k, v, kw)
 
 
 def _dispatch(fn, q, k, v, kw, allocate):
@@ -290,10 +349,35 @@ def forward(q, k, v, **kw):
     Device cache_seqlens are never read on the host (no sync; a decode step can be
     captured in a CUDA graph): the plan is made for the capacity, or for
     ``max_seqlen_k`` (the most keys any sequence has, appended rows included).
-    Forward only: torch tensors that require grad are refused under grad mode.
+
+    Paged KV cache: ``block_table`` int32 [batch, max_blocks_per_seq]; k and v are
+    [num_pages, page_size, heads_kv, head_dim] (page_size a multiple of 16) and key j
+    of sequence b lives in page block_table[b, j // page_size]; k_new/v_new are
+    appended through the table.  Packed (varlen) sequences: ``cu_seqlens_q`` int32
+    [batch + 1] (q [total_q, heads_q, head_dim], out like q, lse float32
+    [heads_q, total_q]), with ``cu_seqlens_k`` for packed k and v [total_k, heads_kv,
+    head_dim], or with a dense or paged KV cache (then k_new/v_new are packed like q).
+    ``max_seqlen_q`` / ``max_seqlen_k``: the longest sequence, a plan hint (device
+    cu_seqlens are never read on the host).  Causal is bottom-right per sequence.
+
+    Forward only: torch tensors that require grad are refused under grad mode.  torch
+    calls made while torch traces or compiles go through the op fmha_native::forward
+    (or forward_out / forward_append when out, lse or an append is written).
     """
-    if _library(q) is None:
+    # A plain torch tensor once torch is loaded: also what dynamo sees when it traces
+    # this function, which must not reach _library (see _traced_no_grad_input).
+    if type(q) is _torch_tensor:
+        if _torch_compiling() or _torch_dispatch_modes():
+            return _ops_forward(q, k, v, kw)
+        return _dispatch(_C.forward, q, k, v, kw, allocate=True)
+    lib = _library(q)
+    if lib is None:
         return _C.forward(q, k, v, **kw)
+    if lib == "torch":
+        if _torch is None:
+            _load_torch()
+        if _ops.wanted(q):
+            return _ops_forward(q, k, v, kw)
     return _dispatch(_C.forward, q, k, v, kw, allocate=True)
 
 
@@ -316,13 +400,22 @@ def combine(outs, lses, **kw):
     them): outs [G, batch, seqlen_q, heads, head_dim] normalised by their own
     row sums, lses float32 [G, batch, heads, seqlen_q].  out has outs' dtype
     [batch, seqlen_q, heads, head_dim]; lse is float32 [batch, heads, seqlen_q].
+    torch calls made while torch traces or compiles go through the op
+    fmha_native::combine (combine_out when out or lse is given).
     """
-    lib = _library(outs)
+    # As in forward: dynamo tracing a plain torch tensor never reaches _library.
+    lib = "torch" if type(outs) is _torch_tensor else _library(outs)
     if lib is None:
         return _C.combine(outs, lses, **kw)
     ctx = None
     if lib == "torch":
-        _load_torch()
+        if _torch is None:
+            _load_torch()
+        if _ops.wanted(outs):
+            check = _traced_no_grad_input
+            kw = dict(kw)
+            _no_grad_keywords(kw, _COMBINE_TENSOR_KEYWORDS, check)
+            return _ops.call_combine(check("outs", outs), check("lses", lses), kw)
         outs, lses = _no_grad_input("outs", outs), _no_grad_input("lses", lses)
         kw = dict(kw)
         _no_grad_keywords(kw, _COMBINE_TENSOR_KEYWORDS)
@@ -357,7 +450,8 @@ def _signature(positional, keywords):
 _FORWARD_KEYWORDS = (("causal", False), ("softmax_scale", None), ("num_splits", 0),
                      ("return_lse", True), ("out", None), ("lse", None), ("device", None),
                      ("stream", None), ("cache_seqlens", None), ("k_new", None),
-                     ("v_new", None), ("max_seqlen_k", None))
+                     ("v_new", None), ("max_seqlen_k", None), ("block_table", None),
+                     ("cu_seqlens_q", None), ("cu_seqlens_k", None), ("max_seqlen_q", None))
 _COMBINE_KEYWORDS = (("out", None), ("lse", None), ("stream", None))
 forward.__signature__ = _signature(("q", "k", "v"), _FORWARD_KEYWORDS)
 explain.__signature__ = _signature(("q", "k", "v"), _FORWARD_KEYWORDS)

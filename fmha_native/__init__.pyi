@@ -49,32 +49,36 @@ def forward(q: _Array, k: _Array, v: _Array, *, causal: bool = False,
             return_lse: Literal[True] = True, out: Optional[_Array] = None,
             lse: Optional[_Array] = None, device: _Device = None, stream: Optional[int] = None,
             cache_seqlens: Optional[_Array] = None, k_new: Optional[_Array] = None,
-            v_new: Optional[_Array] = None,
-            max_seqlen_k: Optional[int] = None) -> Tuple[_Array, _Array]: ...
+            v_new: Optional[_Array] = None, max_seqlen_k: Optional[int] = None,
+            block_table: Optional[_Array] = None, cu_seqlens_q: Optional[_Array] = None,
+            cu_seqlens_k: Optional[_Array] = None, max_seqlen_q: Optional[int] = None) -> Tuple[_Array, _Array]: ...
 @overload
 def forward(q: _Array, k: _Array, v: _Array, *, causal: bool = False,
             softmax_scale: Optional[float] = None, num_splits: int = 0,
             return_lse: Literal[False], out: Optional[_Array] = None,
             lse: Optional[_Array] = None, device: _Device = None, stream: Optional[int] = None,
             cache_seqlens: Optional[_Array] = None, k_new: Optional[_Array] = None,
-            v_new: Optional[_Array] = None,
-            max_seqlen_k: Optional[int] = None) -> _Array: ...
+            v_new: Optional[_Array] = None, max_seqlen_k: Optional[int] = None,
+            block_table: Optional[_Array] = None, cu_seqlens_q: Optional[_Array] = None,
+            cu_seqlens_k: Optional[_Array] = None, max_seqlen_q: Optional[int] = None) -> _Array: ...
 @overload
 def forward(q: _Array, k: _Array, v: _Array, *, causal: bool = False,
             softmax_scale: Optional[float] = None, num_splits: int = 0,
             return_lse: bool = True, out: Optional[_Array] = None,
             lse: Optional[_Array] = None, device: _Device = None, stream: Optional[int] = None,
             cache_seqlens: Optional[_Array] = None, k_new: Optional[_Array] = None,
-            v_new: Optional[_Array] = None,
-            max_seqlen_k: Optional[int] = None) -> Union[_Array, Tuple[_Array, _Array]]: ...
+            v_new: Optional[_Array] = None, max_seqlen_k: Optional[int] = None,
+            block_table: Optional[_Array] = None, cu_seqlens_q: Optional[_Array] = None,
+            cu_seqlens_k: Optional[_Array] = None, max_seqlen_q: Optional[int] = None) -> Union[_Array, Tuple[_Array, _Array]]: ...
 
 def explain(q: _Array, k: _Array, v: _Array, *, causal: bool = False,
             softmax_scale: Optional[float] = None, num_splits: int = 0,
             return_lse: bool = True, out: Optional[_Array] = None,
             lse: Optional[_Array] = None, device: _Device = None, stream: Optional[int] = None,
             cache_seqlens: Optional[_Array] = None, k_new: Optional[_Array] = None,
-            v_new: Optional[_Array] = None,
-            max_seqlen_k: Optional[int] = None) -> dict[str, Any]: ...
+            v_new: Optional[_Array] = None, max_seqlen_k: Optional[int] = None,
+            block_table: Optional[_Array] = None, cu_seqlens_q: Optional[_Array] = None,
+            cu_seqlens_k: Optional[_Array] = None, max_seqlen_q: Optional[int] = None) -> dict[str, Any]: ...
 
 def combine(outs: _Array, lses: _Array, *, out: Optional[_Array] = None,
             lse: Optional[_Array] = None, stream: Optional[int] = None) -> Tuple[_Array, _Array]: ...

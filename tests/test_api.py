@@ -246,7 +246,8 @@ def test_device_gpu_without_gpu(name):
 FORWARD_KEYWORDS = [("causal", False), ("softmax_scale", None), ("num_splits", 0),
                     ("return_lse", True), ("out", None), ("lse", None), ("device", None),
                     ("stream", None), ("cache_seqlens", None), ("k_new", None), ("v_new", None),
-                    ("max_seqlen_k", None)]
+                    ("max_seqlen_k", None), ("block_table", None), ("cu_seqlens_q", None),
+                    ("cu_seqlens_k", None), ("max_seqlen_q", None)]
 COMBINE_KEYWORDS = [("out", None), ("lse", None), ("stream", None)]
 
 

@@ -1,0 +1,295 @@
+"""fmha_native's torch.library custom ops, and the glue that calls them.
+
+Owns the registration of the ``fmha_native::*`` operators, their fake (meta)
+implementations, and ``call_forward`` / ``call_combine``, which turn a call of
+fmha_native.forward / combine into calls of these ops.  The package imports this
+module only once torch is in use (it imports torch at its top), so importing
+fmha_native never imports torch.
+
+Why several ops for one function: torch.compile functionalizes the graph, and an op
+that declares a mutated argument is run on a copy of it unless the compiler can prove
+the copy unneeded (inductor usually can; aot_eager never does).  A KV cache is the
+largest tensor in a decode step, so only the op that appends (``forward_append``)
+declares the caches mutable, and a call that writes nothing it was given goes through
+the pure ``forward``, which returns fresh out and lse:
+
+    forward(q, k, v, ...) -> (out, lse)       nothing given is written
+    forward_out(q, k, v, out!, lse!?, ...)    out= / lse= given: written in place
+    forward_append(q, k!, v!, k_new, v_new, out!, lse!?, ...)   k_new/v_new appended
+    combine(outs, lses) -> (out, lse)
+    combine_out(outs, lses, out!, lse!)
+
+lse is float32 [batch, heads_q, seqlen_q], or [heads_q, total_q] with cu_seqlens_q;
+the pure forward returns an empty lse [0] when return_lse is false (an op returns
+tensors, never None).
+
+Routing (fmha_native.forward decides, through ``wanted``): torch tensors go through
+these ops while torch traces or compiles (torch.compiler.is_compiling(), a tensor
+subclass such as FakeTensor or FunctionalTensor, or a TorchDispatchMode on the stack),
+so torch.compile(fullgraph=True) and make_fx see one op.  Plain eager calls skip the
+op and call the extension directly: the op's dispatch (the custom-op wrapper,
+the schema binding and the Python implementation behind it) costs several times the
+whole direct call on a decode-sized problem (benchmarks/host_overhead_cpu.py measures
+the direct path; tests/test_torch_op.py keeps both paths' results identical), and
+eager callers gain nothing from it.
+
+The stream is not a traced constant: with stream=None the op's implementation asks
+torch for the current stream of q's device when it runs, so a graph captured by
+torch.compile(mode="reduce-overhead") records the capture stream.
+"""
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+import _fmha_native as _C
+import fmha_native  # fully imported: this module is imported by its first torch call
+
+__all__ = ["call_forward", "call_combine", "wanted"]
+
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+# Whether torch is compiling the caller (dynamo folds this call to True while it
+# traces), and how many dispatch modes (make_fx, FakeTensorMode, ...) are active.
+is_compiling = torch.compiler.is_compiling
+dispatch_modes = getattr(torch._C, "_len_torch_dispatch_stack", lambda: 0)
+_Tensor = torch.Tensor
+
+# The keywords forward() and combine() take; an unknown one is refused the way the
+# extension refuses it.
+_FORWARD_NAMES = frozenset(name for name, _ in fmha_native._FORWARD_KEYWORDS)
+_COMBINE_NAMES = frozenset(name for name, _ in fmha_native._COMBINE_KEYWORDS)
+# The optional keywords handed to the extension only when given, so the ops run on an
+# extension that predates some of them for calls that do not use them.
+_OPTIONAL_NAMES = ("cache_seqlens", "block_table", "cu_seqlens_q", "cu_seqlens_k",
+                   "max_seqlen_q", "max_seqlen_k", "softmax_scale", "device", "stream")
+
+
+def wanted(q):
+    """True when a call with torch tensor q must go through the ops: torch is tracing
+    or compiling it, or q is not a plain tensor (a fake, functional or other subclass
+    tensor that the extension must not read)."""
+    return is_compiling() or type(q) is not _Tensor or dispatch_modes() > 0
+
+
+# ---------------------------------------------------------------------------
+# Running the extension from inside an op
+# ---------------------------------------------------------------------------
+
+def _run(fn, first, args, kw):
+    """fn(*args, **kw) with the stream and current device torch's conventions ask for:
+    the current stream of first's device (read now, at run time) and that device made
+    current (torch's exporter requires it)."""
+    if first.is_cuda:
+        index = first.get_device()
+        if kw.get("stream") is None:
+            kw["stream"] = (_raw_stream(index) if _raw_stream is not None
+                            else torch.cuda.current_stream(index).cuda_stream)
+        if torch.cuda.current_device() != index:
+            with torch.cuda.device(index):
+                return fn(*args, **kw)
+    return fn(*args, **kw)
+
+
+def _forward_kw(causal, softmax_scale, num_splits, return_lse, device, stream,
+                cache_seqlens, block_table, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                max_seqlen_k):
+    kw = {"causal": causal, "num_splits": num_splits, "return_lse": return_lse}
+    values = (cache_seqlens, block_table, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+              max_seqlen_k, softmax_scale, device, stream)
+    for name, value in zip(_OPTIONAL_NAMES, values):
+        if value is not None:
+            kw[name] = value
+    return kw
+
+
+def _lse_shape(q, cu_seqlens_q):
+    """lse's shape for q; ValueError naming q when q has the wrong rank (the extension
+    says the same when the op runs; a fake tensor needs a shape before that)."""
+    if cu_seqlens_q is not None:
+        if q.dim() != 3:
+            raise ValueError(f"q must be 3-D [total_q, heads_q, head_dim] with cu_seqlens_q, "
+                             f"got {q.dim()}-D")
+        return (q.shape[1], q.shape[0])
+    if q.dim() != 4:
+        raise ValueError(f"q must be 4-D [batch, seqlen_q, heads_q, head_dim], got {q.dim()}-D")
+    return (q.shape[0], q.shape[2], q.shape[1])
+
+
+def _new_outputs(q, cu_seqlens_q, return_lse):
+    """Fresh (out, lse) for q: out has q's shape and dtype (contiguous), lse float32."""
+    lse_shape = _lse_shape(q, cu_seqlens_q) if return_lse else (0,)
+    return (q.new_empty(q.shape), q.new_empty(lse_shape, dtype=torch.float32))
+
+
+# ---------------------------------------------------------------------------
+# The ops.  Argument order: tensors first, then the metadata tensors, then scalars;
+# every argument after the tensors is keyword-style in the Python wrappers below.
+# ---------------------------------------------------------------------------
+
+@torch.library.custom_op("fmha_native::forward", mutates_args=())
+def _forward(q: Tensor, k: Tensor, v: Tensor, cache_seqlens: Optional[Tensor],
+             block_table: Optional[Tensor], cu_seqlens_q: Optional[Tensor],
+             cu_seqlens_k: Optional[Tensor], causal: bool, softmax_scale: Optional[float],
+             num_splits: int, return_lse: bool, max_seqlen_q: Optional[int],
+             max_seqlen_k: Optional[int], device: Optional[str],
+             stream: Optional[int]) -> tuple[Tensor, Tensor]:
+    out, lse = _new_outputs(q, cu_seqlens_q, return_lse)
+    kw = _forward_kw(causal, softmax_scale, num_splits, return_lse, device, stream,
+                     cache_seqlens, block_table, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                     max_seqlen_k)
+    kw["out"] = out
+    if return_lse:
+        kw["lse"] = lse
+    _run(_C.forward, q, (q, k, v), kw)
+    return out, lse
+
+
+@_forward.register_fake
+def _forward_fake(q, k, v, cache_seqlens, block_table, cu_seqlens_q, cu_seqlens_k, causal,
+                  softmax_scale, num_splits, return_lse, max_seqlen_q, max_seqlen_k, device,
+                  stream):
+    return _new_outputs(q, cu_seqlens_q, return_lse)
+
+
+@torch.library.custom_op("fmha_native::forward_out", mutates_args=("out", "lse"))
+def _forward_out(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Optional[Tensor],
+                 cache_seqlens: Optional[Tensor], block_table: Optional[Tensor],
+                 cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor],
+                 causal: bool, softmax_scale: Optional[float], num_splits: int,
+                 return_lse: bool, max_seqlen_q: Optional[int], max_seqlen_k: Optional[int],
+                 device: Optional[str], stream: Optional[int]) -> None:
+    kw = _forward_kw(causal, softmax_scale, num_splits, return_lse, device, stream,
+                     cache_seqlens, block_table, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                     max_seqlen_k)
+    kw["out"] = out
+    if lse is not None:
+        kw["lse"] = lse
+    _run(_C.forward, q, (q, k, v), kw)
+
+
+@_forward_out.register_fake
+def _forward_out_fake(q, k, v, out, lse, *rest):
+    return None
+
+
+@torch.library.custom_op("fmha_native::forward_append", mutates_args=("k", "v", "out", "lse"))
+def _forward_append(q: Tensor, k: Tensor, v: Tensor, k_new: Tensor, v_new: Tensor,
+                    out: Tensor, lse: Optional[Tensor], cache_seqlens: Optional[Tensor],
+                    block_table: Optional[Tensor], cu_seqlens_q: Optional[Tensor],
+                    cu_seqlens_k: Optional[Tensor], causal: bool,
+                    softmax_scale: Optional[float], num_splits: int, return_lse: bool,
+                    max_seqlen_q: Optional[int], max_seqlen_k: Optional[int],
+                    device: Optional[str], stream: Optional[int]) -> None:
+    kw = _forward_kw(causal, softmax_scale, num_splits, return_lse, device, stream,
+                     cache_seqlens, block_table, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                     max_seqlen_k)
+    kw["out"] = out
+    kw["k_new"] = k_new
+    kw["v_new"] = v_new
+    if lse is not None:
+        kw["lse"] = lse
+    _run(_C.forward, q, (q, k, v), kw)
+
+
+@_forward_append.register_fake
+def _forward_append_fake(q, k, v, k_new, v_new, out, lse, *rest):
+    return None
+
+
+def _combine_shapes(outs):
+    if outs.dim() != 5:
+        raise ValueError(f"outs must be 5-D [splits, batch, seqlen_q, heads, head_dim], got "
+                         f"{outs.dim()}-D")
+    _, batch, seqlen_q, heads, head_dim = outs.shape
+    return (batch, seqlen_q, heads, head_dim), (batch, heads, seqlen_q)
+
+
+@torch.library.custom_op("fmha_native::combine", mutates_args=())
+def _combine(outs: Tensor, lses: Tensor, stream: Optional[int]) -> tuple[Tensor, Tensor]:
+    out_shape, lse_shape = _combine_shapes(outs)
+    out = outs.new_empty(out_shape)
+    lse = outs.new_empty(lse_shape, dtype=torch.float32)
+    kw = {"out": out, "lse": lse}
+    if stream is not None:
+        kw["stream"] = stream
+    _run(_C.combine, outs, (outs, lses), kw)
+    return out, lse
+
+
+@_combine.register_fake
+def _combine_fake(outs, lses, stream):
+    out_shape, lse_shape = _combine_shapes(outs)
+    return outs.new_empty(out_shape), outs.new_empty(lse_shape, dtype=torch.float32)
+
+
+@torch.library.custom_op("fmha_native::combine_out", mutates_args=("out", "lse"))
+def _combine_out(outs: Tensor, lses: Tensor, out: Tensor, lse: Tensor,
+                 stream: Optional[int]) -> None:
+    kw = {"out": out, "lse": lse}
+    if stream is not None:
+        kw["stream"] = stream
+    _run(_C.combine, outs, (outs, lses), kw)
+
+
+@_combine_out.register_fake
+def _combine_out_fake(outs, lses, out, lse, stream):
+    return None
+
+
+# ---------------------------------------------------------------------------
+# fmha_native.forward / combine in terms of the ops
+# ---------------------------------------------------------------------------
+
+def _unexpected(fn, kw, names):
+    for name in kw:
+        if name not in names:
+            raise TypeError(f"{fn}() got an unexpected keyword argument '{name}'")
+
+
+def call_forward(q, k, v, kw):
+    """fmha_native.forward(q, k, v, **kw) through the ops (kw: the caller's keywords,
+    with grad-requiring tensors already refused or detached)."""
+    _unexpected("forward", kw, _FORWARD_NAMES)
+    get = kw.get
+    return_lse = bool(get("return_lse", True))
+    out, lse = get("out"), get("lse")
+    k_new, v_new = get("k_new"), get("v_new")
+    cu_seqlens_q = get("cu_seqlens_q")
+    scalars = dict(
+        cache_seqlens=get("cache_seqlens"), block_table=get("block_table"),
+        cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=get("cu_seqlens_k"),
+        causal=bool(get("causal", False)), softmax_scale=get("softmax_scale"),
+        num_splits=get("num_splits", 0), return_lse=return_lse,
+        max_seqlen_q=get("max_seqlen_q"), max_seqlen_k=get("max_seqlen_k"),
+        device=get("device"), stream=get("stream"))
+    if k_new is None and v_new is None and out is None and lse is None:
+        out, lse = _forward(q, k, v, **scalars)
+        return (out, lse) if return_lse else out
+    # Something given is written: the in-place ops, with the outputs the caller did not
+    # give allocated here (in a compiled graph they are graph-internal buffers).
+    if out is None:
+        out = q.new_empty(q.shape)
+    if lse is None and return_lse:
+        lse = q.new_empty(_lse_shape(q, cu_seqlens_q), dtype=torch.float32)
+    if k_new is not None or v_new is not None:
+        if k_new is None or v_new is None:
+            raise ValueError("k_new and v_new must be given together")
+        _forward_append(q, k, v, k_new, v_new, out, lse, **scalars)
+    else:
+        _forward_out(q, k, v, out, lse, **scalars)
+    return (out, lse) if return_lse else out
+
+
+def call_combine(outs, lses, kw):
+    """fmha_native.combine(outs, lses, **kw) through the ops."""
+    _unexpected("combine", kw, _COMBINE_NAMES)
+    out, lse, stream = kw.get("out"), kw.get("lse"), kw.get("stream")
+    if out is None and lse is None:
+        return _combine(outs, lses, stream)
+    out_shape, lse_shape = _combine_shapes(outs)
+    if out is None:
+        out = outs.new_empty(out_shape)
+    if lse is None:
+        lse = outs.new_empty(lse_shape, dtype=torch.float32)
+    _combine_out(outs, lses, out, lse, stream)
+    return out, lse
