@@ -425,3 +425,37 @@ def test_hook_validates_its_input():
         plan_for(problem(), H100, num_splits=-1)
     with pytest.raises(ValueError, match="prefill_kernel"):
         plan_for(problem(), H100, prefill_kernel="wgmma")
+
+
+# ------------------------------------------------------- paged and packed calls (issue 20)
+
+def test_sm90_not_for_paged_caches():
+    plan = plan_for(prefill(paged=1), H100_SM90)
+    assert plan["kernel"].startswith("fwd_mma<"), plan["kernel"]
+    assert "not fwd_sm90: it does not read paged KV caches" in plan["reason"]
+    assert plan["paged"] is True and plan["page_size"] == 16
+    # FMHA_GPU_PREFILL_KERNEL=sm90 cannot force it either
+    forced = plan_for(prefill(paged=1), H100_SM90, prefill_kernel="sm90")
+    assert forced["kernel"].startswith("fwd_mma<"), forced["kernel"]
+
+
+def test_sm90_not_for_packed_sequences():
+    plan = plan_for(prefill(varlen=1), H100_SM90)
+    assert plan["kernel"].startswith("fwd_mma<"), plan["kernel"]
+    assert "not fwd_sm90: it does not take packed sequences" in plan["reason"]
+    keys = plan_for(prefill(varlen=1, seqlens_k=[4096, 100, 4000, 7]), H100_SM90)
+    assert keys["kernel"].startswith("fwd_mma<"), keys["kernel"]
+    # the same problem dense still takes the sm90 kernel
+    assert is_sm90(plan_for(prefill(), H100_SM90))
+
+
+def test_packed_keys_split_as_a_ragged_batch():
+    """Host cu_seqlens_k give per-sequence key lengths: the ragged rule, as for host
+    cache_seqlens of the same lengths."""
+    lens = [5, 100000, 3000, 7]
+    packed = plan_for(problem(batch=4, seqlen_k=1, varlen=1, seqlens_k=lens), H200)
+    cached = plan_for(problem(batch=4, seqlen_k=131072, cache_seqlens=lens), H200)
+    assert packed["split"]["rule"] == "ragged", packed["reason"]
+    assert packed["num_splits"] == cached["num_splits"]
+    assert packed["split"]["chunk"] == cached["split"]["chunk"]
+    assert packed["split"]["total_blocks"] == cached["split"]["total_blocks"]
