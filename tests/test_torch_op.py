@@ -181,6 +181,26 @@ def test_ops_match_the_direct_call_bitwise():
     assert torch.equal(p["v"].view(torch.int32), v2.view(torch.int32))
 
 
+@needs_packed
+def test_eager_packed_outputs_match_the_op():
+    """The eager glue allocates packed outputs (out like q, lse [heads_q, total_q])."""
+    p = _mixed_paged(113)
+    k2, v2 = p["k"].clone(), p["v"].clone()
+    meta = dict(cache_seqlens=p["cache_seqlens"], block_table=p["block_table"],
+                cu_seqlens_q=p["cu_seqlens_q"])
+    out, lse = fmha_native.forward(p["q"], p["k"], p["v"], k_new=p["k_new"], v_new=p["v_new"],
+                                   causal=True, device="cpu", **meta)
+    assert isinstance(out, torch.Tensor) and out.shape == p["q"].shape
+    assert lse.shape == (4, p["q"].shape[0]) and lse.dtype == torch.float32
+    want_out, want_lse = torch.empty_like(out), torch.empty_like(lse)
+    ops.forward_append(p["q"], k2, v2, p["k_new"], p["v_new"], want_out, want_lse,
+                       **_scalars(causal=True, **meta))
+    assert torch.equal(out, want_out) and torch.equal(lse, want_lse)
+    out_only = fmha_native.forward(p["q"], k2, v2, return_lse=False, causal=True, device="cpu",
+                                   **meta)
+    assert out_only.shape == p["q"].shape
+
+
 # ---------------------------------------------------------------------------
 # Fake tensors: shapes and dtypes for every mode, without running anything
 # ---------------------------------------------------------------------------
@@ -412,6 +432,61 @@ def test_compile_packed():
     assert out.shape == q.shape and lse.shape == (4, 20)
     ref_out, ref_lse = _split_reference(q, k, v, cq, ck, causal=True)
     _check(out, lse, ref_out, ref_lse)
+
+
+def _mixed_paged(seed, page_size=16, heads_q=4, heads_kv=2, head_dim=32):
+    """A chunked-prefill / decode / idle batch in one packed call over a paged cache:
+    pages shuffled, unused pages and slots NaN."""
+    gen = torch.Generator().manual_seed(seed)
+    cached, new = [20, 3, 0], [1, 5, 0]
+    max_blocks, num_pages = 3, 11
+    order = torch.randperm(num_pages, generator=gen)
+    table = order[:len(cached) * max_blocks].reshape(len(cached), max_blocks)
+    k = torch.full((num_pages, page_size, heads_kv, head_dim), float("nan"))
+    v = torch.full_like(k, float("nan"))
+    for b, n in enumerate(cached):
+        for pos in range(n):
+            page, slot = table[b, pos // page_size], pos % page_size
+            k[page, slot] = _randn(gen, heads_kv, head_dim)
+            v[page, slot] = _randn(gen, heads_kv, head_dim)
+    total_q = sum(new)
+    cu = [0]
+    for n in new:
+        cu.append(cu[-1] + n)
+    return dict(q=_randn(gen, total_q, heads_q, head_dim), k=k, v=v,
+                k_new=_randn(gen, total_q, heads_kv, head_dim),
+                v_new=_randn(gen, total_q, heads_kv, head_dim),
+                cache_seqlens=torch.tensor(cached, dtype=torch.int32),
+                block_table=table.to(torch.int32), cu_seqlens_q=torch.tensor(cu, dtype=torch.int32))
+
+
+@needs_packed
+def test_opcheck_forward_append_packed_paged():
+    p = _mixed_paged(106)
+    out, lse = torch.empty_like(p["q"]), torch.empty(4, p["q"].shape[0])
+    torch.library.opcheck(ops.forward_append.default,
+                          (p["q"], p["k"], p["v"], p["k_new"], p["v_new"], out, lse),
+                          _scalars(causal=True, cache_seqlens=p["cache_seqlens"],
+                                   block_table=p["block_table"], cu_seqlens_q=p["cu_seqlens_q"]))
+
+
+@needs_packed
+def test_compile_packed_paged_append():
+    p = _mixed_paged(129)
+
+    @torch.compile(fullgraph=True, backend="aot_eager")
+    def step(q, k, v, k_new, v_new, cache_seqlens, block_table, cu_seqlens_q):
+        return fmha_native.forward(q, k, v, k_new=k_new, v_new=v_new, cache_seqlens=cache_seqlens,
+                                   block_table=block_table, cu_seqlens_q=cu_seqlens_q,
+                                   causal=True, device="cpu")
+
+    (ref_out, ref_lse), caches = _append_reference(
+        p, block_table=p["block_table"].numpy(), cu_seqlens_q=p["cu_seqlens_q"].numpy())
+    out, lse = step(p["q"], p["k"], p["v"], p["k_new"], p["v_new"], p["cache_seqlens"],
+                    p["block_table"], p["cu_seqlens_q"])
+    assert out.shape == p["q"].shape and lse.shape == (4, p["q"].shape[0])
+    _check(out, lse, ref_out, ref_lse)
+    _check_caches(p["k"], p["v"], caches)
 
 
 def test_compile_refuses_requires_grad_under_grad_mode():
