@@ -514,8 +514,8 @@ static int open_meta(const fmha_module_state *st, const fmha_tensor *const *t, m
 {
     int device = -1;
     fmha_status status = FMHA_OK;
+    memset(m, 0, n * sizeof *m); /* the caller frees every copy, also after a failure */
     for (size_t i = 0; i < n; i++) {
-        memset(&m[i], 0, sizeof m[i]);
         if (!t[i]->present || fmha_tensor_numel(t[i]) == 0)
             continue;
         m[i].stride0 = t[i]->user_strides[0];
