@@ -25,8 +25,8 @@
 /* More dimensions than any argument of ours has (combine's outs has 5). */
 #define FMHA_TENSOR_MAX_NDIM 8
 
-/* Element types a view can hold: the three of fmha_dtype, int32 for
- * cache_seqlens, and OTHER for every dtype no argument accepts (the view is
+/* Element types a view can hold: the three of fmha_dtype, int32 for the
+ * metadata (cache_seqlens, block_table, cu_seqlens_q/k), and OTHER for every dtype no argument accepts (the view is
  * still made, so that validation can name the argument, what it expects and
  * what it got: fmha_tensor_dtype_name). */
 typedef enum fmha_elem {

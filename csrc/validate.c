@@ -5,11 +5,14 @@
  * anything runs: dtypes (named as the user knows them, with what the
  * argument expects), dimensions and shapes, one device for all, the layouts
  * device tensors must already have, written tensors that would alias
- * themselves, an input or each other, and the values of cache_seqlens
- * (host arrays always; device memory only under FMHA_VALIDATE=1, because
- * reading it costs a copy and a stream sync, which a decode step captured
- * in a CUDA graph cannot have; the kernels' rule for bad device lengths is
- * in DESIGN.md, errors).
+ * themselves, an input or each other, the serving modes (packed sequences,
+ * a paged KV cache: which arguments combine, their shapes, the geometry
+ * call.c fills the params from) and the values of the int32 metadata
+ * (cu_seqlens_q, cu_seqlens_k, cache_seqlens, block_table: host arrays
+ * always; device memory only under FMHA_VALIDATE=1, because reading it
+ * costs a copy and a stream sync, which a decode step captured in a CUDA
+ * graph cannot have; the kernels' rule for bad device metadata is in
+ * fmha.h and DESIGN.md, errors).
  * The sequences the two entry points share are written once.  Every failure
  * is a TypeError or ValueError naming the argument; nothing is written.
  */

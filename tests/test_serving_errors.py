@@ -2,10 +2,13 @@
 max_seqlen_q/k that the host glue makes before anything runs.  Each case starts from a
 call that works, breaks one thing, and checks the exception type, that the message names
 the argument (and the rule), and that out, lse, k, v and k_new were not written."""
+import json
+
 import numpy as np
 import pytest
 
 import fmha_native
+from _harness import NO_GPU_REASON, gpu_devices, run_python, torch_cuda
 
 HEADS_Q, HEADS_KV, HEAD_DIM = 4, 2, 16
 PAGE = 16
@@ -246,3 +249,76 @@ def test_metadata_must_not_be_an_output(name):
     with pytest.raises(ValueError) as info:
         _call(kw)
     assert name in str(info.value) and "overlaps" in str(info.value)
+
+
+# ------------------------------------------------------------------ device tensors (GPU)
+
+needs_cuda = pytest.mark.skipif(not (torch_cuda() and gpu_devices()), reason=NO_GPU_REASON)
+
+
+@needs_cuda
+@pytest.mark.parametrize("mode", ["packed", "paged"])
+def test_gpu_unaligned_rows_refused_for_packed_and_paged(mode):
+    """Packed and paged rows are read in place (no aligned staging copy): a device q
+    whose rows start 2 bytes off a 16-byte boundary is a ValueError, out untouched."""
+    import torch
+    dev = torch.device("cuda")
+    flat = torch.randn(8 * 8 * 64 + 1, device=dev, dtype=torch.float16)
+    if mode == "packed":
+        q = flat[1:].view(8, 8, 64)
+        k = torch.randn(3, 32, 2, 64, device=dev, dtype=torch.float16)
+        kw = dict(cu_seqlens_q=torch.tensor([0, 3, 3, 8], dtype=torch.int32, device=dev))
+        out = torch.full((8, 8, 64), 7.0, device=dev, dtype=torch.float16)
+    else:
+        q = flat[1:].view(2, 4, 8, 64)
+        k = torch.randn(5, 16, 2, 64, device=dev, dtype=torch.float16)
+        kw = dict(block_table=torch.tensor([[0, 1], [2, 3]], dtype=torch.int32, device=dev))
+        out = torch.full((2, 4, 8, 64), 7.0, device=dev, dtype=torch.float16)
+    with pytest.raises(ValueError) as info:
+        fmha_native.forward(q, k, k.clone(), out=out, **kw)
+    assert "q" in str(info.value) and "16-byte" in str(info.value)
+    assert bool((out == 7.0).all())
+
+
+_VALIDATE_SCRIPT = """
+import json, torch, fmha_native
+dev = torch.device("cuda")
+i32 = dict(dtype=torch.int32, device=dev)
+q = torch.randn(8, 8, 64, device=dev, dtype=torch.float16)
+k = torch.randn(17, 2, 64, device=dev, dtype=torch.float16)
+pages = torch.randn(4, 16, 2, 64, device=dev, dtype=torch.float16)
+qd = torch.randn(2, 1, 8, 64, device=dev, dtype=torch.float16)
+calls = {
+    "cu_seqlens_q": lambda: fmha_native.forward(q, k, k, cu_seqlens_q=torch.tensor([0, 3, 2, 8], **i32),
+                                                cu_seqlens_k=torch.tensor([0, 6, 8, 17], **i32)),
+    "cu_seqlens_k": lambda: fmha_native.forward(q, k, k, cu_seqlens_q=torch.tensor([0, 3, 3, 8], **i32),
+                                                cu_seqlens_k=torch.tensor([0, 6, 8, 16], **i32)),
+    "block_table": lambda: fmha_native.forward(qd, pages, pages, block_table=torch.tensor([[0, 9], [1, 2]], **i32),
+                                               cache_seqlens=torch.tensor([20, 5], **i32)),
+}
+res = {}
+for name, call in calls.items():
+    try:
+        call()
+        torch.cuda.synchronize()
+        res[name] = ["ok", ""]
+    except Exception as exc:
+        res[name] = [type(exc).__name__, str(exc)]
+print(json.dumps(res))
+"""
+
+
+@needs_cuda
+def test_gpu_fmha_validate_reads_device_metadata():
+    """Device metadata is never read on the host, except under FMHA_VALIDATE=1, where it
+    is checked like host arrays (the kernels' NaN rule covers it otherwise)."""
+    runs = {}
+    for value in (None, "1"):
+        env = {} if value is None else {"FMHA_VALIDATE": value}
+        res = run_python(["-c", _VALIDATE_SCRIPT], env, drop=("FMHA_VALIDATE",), timeout=300)
+        assert res.returncode == 0, res.stderr
+        runs[value] = json.loads(res.stdout.strip().splitlines()[-1])
+    for name in ("cu_seqlens_q", "cu_seqlens_k", "block_table"):
+        assert runs[None][name][0] == "ok", (name, runs[None][name])
+        assert runs["1"][name][0] == "ValueError", (name, runs["1"][name])
+        assert runs["1"][name][1].startswith(name), runs["1"][name]
