@@ -20,9 +20,9 @@ q [total_q, heads_q, head_dim], out like q, lse float32 [heads_q, total_q].  See
 DESIGN.md for the contract.
 
 torch: plain eager calls go straight to the extension (its C fast path reads torch
-tensors and torch's current stream), because the custom op's dispatch would cost more
-than the whole direct call on a decode step (_torch_ops.py's docstring has the
-numbers).  Calls made while torch traces or compiles (torch.compiler.is_compiling(),
+tensors and torch's current stream), because the op's dispatch would add about as much
+host time again as the whole direct call takes on a decode step (_torch_ops.py says
+more).  Calls made while torch traces or compiles (torch.compiler.is_compiling(),
 fake or functional tensors, a dispatch mode) go through the ops fmha_native::forward,
 forward_out, forward_append, combine and combine_out, so torch.compile(fullgraph=True)
 sees one op.  The ops are registered when this package first meets a torch tensor

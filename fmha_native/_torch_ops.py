@@ -23,24 +23,22 @@ lse is float32 [batch, heads_q, seqlen_q], or [heads_q, total_q] with cu_seqlens
 the pure forward returns an empty lse [0] when return_lse is false (an op returns
 tensors, never None).
 
-Routing (fmha_native.forward decides, through ``wanted``): torch tensors go through
-these ops while torch traces or compiles (torch.compiler.is_compiling(), a tensor
-subclass such as FakeTensor or FunctionalTensor, or a TorchDispatchMode on the stack),
-so torch.compile(fullgraph=True) and make_fx see one op.  Plain eager calls skip the
-op and call the extension directly: the op's dispatch (the custom-op wrapper,
-the schema binding and the Python implementation behind it) costs several times the
-whole direct call on a decode-sized problem (benchmarks/host_overhead_cpu.py measures
-the direct path; tests/test_torch_op.py keeps both paths' results identical), and
-eager callers gain nothing from it.
+Routing (fmha_native.forward and combine decide, with is_compiling, dispatch_modes
+and ``wanted``): torch tensors go through these ops while torch traces or compiles
+(torch.compiler.is_compiling(), a tensor subclass such as FakeTensor or
+FunctionalTensor, or a TorchDispatchMode on the stack), so torch.compile(fullgraph=True)
+and make_fx see one op.  Plain eager calls skip the ops and call the extension
+directly: on a decode-sized call with CPU tensors the op's dispatch adds about as
+much host time again as the direct call takes (the custom-op boundary, the schema
+binding, the Python kernel behind it), and an eager caller gains nothing from it.
+benchmarks/host_overhead_cpu.py measures the direct path; tests/test_torch_op.py holds
+the two paths to the same bits.
 
 The stream is not a traced constant: with stream=None the op's implementation asks
 torch for the current stream of q's device when it runs, so a graph captured by
 torch.compile(mode="reduce-overhead") records the capture stream.
 """
-from typing import Optional
-
 import torch
-from torch import Tensor
 
 import _fmha_native as _C
 import fmha_native  # fully imported: this module is imported by its first torch call
@@ -122,17 +120,39 @@ def _new_outputs(q, cu_seqlens_q, return_lse):
 
 
 # ---------------------------------------------------------------------------
-# The ops.  Argument order: tensors first, then the metadata tensors, then scalars;
-# every argument after the tensors is keyword-style in the Python wrappers below.
+# The ops.  Defined through torch.library.Library with schema strings, not
+# torch.library.custom_op: custom_op puts Python layers in front of every call (an
+# autograd wrapper, and for mutable ops a version-counter kernel that re-binds the
+# schema's arguments in Python), which costs a mutable op of this many arguments
+# about as much as ten direct calls -- paid on every step of a compiled graph that
+# runs without CUDA graphs.  Here the CPU and CUDA (also ROCm) kernels are the Python
+# functions below and nothing else runs in Python; no autograd formula is registered
+# (forward() refuses inputs that require grad under grad mode).
 # ---------------------------------------------------------------------------
 
-@torch.library.custom_op("fmha_native::forward", mutates_args=())
-def _forward(q: Tensor, k: Tensor, v: Tensor, cache_seqlens: Optional[Tensor],
-             block_table: Optional[Tensor], cu_seqlens_q: Optional[Tensor],
-             cu_seqlens_k: Optional[Tensor], causal: bool, softmax_scale: Optional[float],
-             num_splits: int, return_lse: bool, max_seqlen_q: Optional[int],
-             max_seqlen_k: Optional[int], device: Optional[str],
-             stream: Optional[int]) -> tuple[Tensor, Tensor]:
+# The metadata tensors and scalars every forward op takes after its tensors.
+_FORWARD_TAIL = ("Tensor? cache_seqlens, Tensor? block_table, Tensor? cu_seqlens_q, "
+                 "Tensor? cu_seqlens_k, bool causal, float? softmax_scale, int num_splits, "
+                 "bool return_lse, SymInt? max_seqlen_q, SymInt? max_seqlen_k, str? device, "
+                 "int? stream")
+
+_lib = torch.library.Library("fmha_native", "DEF")
+
+
+def _define(schema, kernel, fake):
+    """Define fmha_native::<name> with kernel on CPU and CUDA and fake for tracing;
+    returns the op's default overload."""
+    name = schema.split("(", 1)[0]
+    _lib.define(schema)
+    for key in ("CPU", "CUDA"):
+        _lib.impl(name, kernel, key)
+    torch.library.register_fake("fmha_native::" + name, fake, lib=_lib)
+    return getattr(torch.ops.fmha_native, name).default
+
+
+def _forward_kernel(q, k, v, cache_seqlens, block_table, cu_seqlens_q, cu_seqlens_k, causal,
+                    softmax_scale, num_splits, return_lse, max_seqlen_q, max_seqlen_k, device,
+                    stream):
     out, lse = _new_outputs(q, cu_seqlens_q, return_lse)
     kw = _forward_kw(causal, softmax_scale, num_splits, return_lse, device, stream,
                      cache_seqlens, block_table, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
@@ -144,20 +164,15 @@ def _forward(q: Tensor, k: Tensor, v: Tensor, cache_seqlens: Optional[Tensor],
     return out, lse
 
 
-@_forward.register_fake
 def _forward_fake(q, k, v, cache_seqlens, block_table, cu_seqlens_q, cu_seqlens_k, causal,
                   softmax_scale, num_splits, return_lse, max_seqlen_q, max_seqlen_k, device,
                   stream):
     return _new_outputs(q, cu_seqlens_q, return_lse)
 
 
-@torch.library.custom_op("fmha_native::forward_out", mutates_args=("out", "lse"))
-def _forward_out(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Optional[Tensor],
-                 cache_seqlens: Optional[Tensor], block_table: Optional[Tensor],
-                 cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor],
-                 causal: bool, softmax_scale: Optional[float], num_splits: int,
-                 return_lse: bool, max_seqlen_q: Optional[int], max_seqlen_k: Optional[int],
-                 device: Optional[str], stream: Optional[int]) -> None:
+def _forward_out_kernel(q, k, v, out, lse, cache_seqlens, block_table, cu_seqlens_q,
+                        cu_seqlens_k, causal, softmax_scale, num_splits, return_lse,
+                        max_seqlen_q, max_seqlen_k, device, stream):
     kw = _forward_kw(causal, softmax_scale, num_splits, return_lse, device, stream,
                      cache_seqlens, block_table, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                      max_seqlen_k)
@@ -167,19 +182,9 @@ def _forward_out(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Optional[Ten
     _run(_C.forward, q, (q, k, v), kw)
 
 
-@_forward_out.register_fake
-def _forward_out_fake(q, k, v, out, lse, *rest):
-    return None
-
-
-@torch.library.custom_op("fmha_native::forward_append", mutates_args=("k", "v", "out", "lse"))
-def _forward_append(q: Tensor, k: Tensor, v: Tensor, k_new: Tensor, v_new: Tensor,
-                    out: Tensor, lse: Optional[Tensor], cache_seqlens: Optional[Tensor],
-                    block_table: Optional[Tensor], cu_seqlens_q: Optional[Tensor],
-                    cu_seqlens_k: Optional[Tensor], causal: bool,
-                    softmax_scale: Optional[float], num_splits: int, return_lse: bool,
-                    max_seqlen_q: Optional[int], max_seqlen_k: Optional[int],
-                    device: Optional[str], stream: Optional[int]) -> None:
+def _forward_append_kernel(q, k, v, k_new, v_new, out, lse, cache_seqlens, block_table,
+                           cu_seqlens_q, cu_seqlens_k, causal, softmax_scale, num_splits,
+                           return_lse, max_seqlen_q, max_seqlen_k, device, stream):
     kw = _forward_kw(causal, softmax_scale, num_splits, return_lse, device, stream,
                      cache_seqlens, block_table, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                      max_seqlen_k)
@@ -191,8 +196,8 @@ def _forward_append(q: Tensor, k: Tensor, v: Tensor, k_new: Tensor, v_new: Tenso
     _run(_C.forward, q, (q, k, v), kw)
 
 
-@_forward_append.register_fake
-def _forward_append_fake(q, k, v, k_new, v_new, out, lse, *rest):
+def _writes_only(*args):
+    """The fake of an op that only writes tensors it was given."""
     return None
 
 
@@ -204,36 +209,36 @@ def _combine_shapes(outs):
     return (batch, seqlen_q, heads, head_dim), (batch, heads, seqlen_q)
 
 
-@torch.library.custom_op("fmha_native::combine", mutates_args=())
-def _combine(outs: Tensor, lses: Tensor, stream: Optional[int]) -> tuple[Tensor, Tensor]:
-    out_shape, lse_shape = _combine_shapes(outs)
-    out = outs.new_empty(out_shape)
-    lse = outs.new_empty(lse_shape, dtype=torch.float32)
-    kw = {"out": out, "lse": lse}
-    if stream is not None:
-        kw["stream"] = stream
-    _run(_C.combine, outs, (outs, lses), kw)
-    return out, lse
-
-
-@_combine.register_fake
-def _combine_fake(outs, lses, stream):
+def _combine_outputs(outs, lses, stream):
     out_shape, lse_shape = _combine_shapes(outs)
     return outs.new_empty(out_shape), outs.new_empty(lse_shape, dtype=torch.float32)
 
 
-@torch.library.custom_op("fmha_native::combine_out", mutates_args=("out", "lse"))
-def _combine_out(outs: Tensor, lses: Tensor, out: Tensor, lse: Tensor,
-                 stream: Optional[int]) -> None:
+def _combine_out_kernel(outs, lses, out, lse, stream):
     kw = {"out": out, "lse": lse}
     if stream is not None:
         kw["stream"] = stream
     _run(_C.combine, outs, (outs, lses), kw)
 
 
-@_combine_out.register_fake
-def _combine_out_fake(outs, lses, out, lse, stream):
-    return None
+def _combine_kernel(outs, lses, stream):
+    out, lse = _combine_outputs(outs, lses, stream)
+    _combine_out_kernel(outs, lses, out, lse, stream)
+    return out, lse
+
+
+_forward = _define("forward(Tensor q, Tensor k, Tensor v, " + _FORWARD_TAIL +
+                   ") -> (Tensor, Tensor)", _forward_kernel, _forward_fake)
+_forward_out = _define("forward_out(Tensor q, Tensor k, Tensor v, Tensor(a!) out, "
+                       "Tensor(b!)? lse, " + _FORWARD_TAIL + ") -> ()",
+                       _forward_out_kernel, _writes_only)
+_forward_append = _define("forward_append(Tensor q, Tensor(a!) k, Tensor(b!) v, Tensor k_new, "
+                          "Tensor v_new, Tensor(c!) out, Tensor(d!)? lse, " + _FORWARD_TAIL +
+                          ") -> ()", _forward_append_kernel, _writes_only)
+_combine = _define("combine(Tensor outs, Tensor lses, int? stream) -> (Tensor, Tensor)",
+                   _combine_kernel, _combine_outputs)
+_combine_out = _define("combine_out(Tensor outs, Tensor lses, Tensor(a!) out, Tensor(b!) lse, "
+                       "int? stream) -> ()", _combine_out_kernel, _writes_only)
 
 
 # ---------------------------------------------------------------------------
