@@ -87,7 +87,9 @@ typedef struct fmha_fwd_params {
     const int32_t *seqlens_k; /* [batch] valid keys per sequence, in the memory of k/v; NULL = seqlen_k */
     const void *k_new;        /* [batch, seqlen_new, heads_kv, head_dim] appended at seqlens_k[b] */
     const void *v_new;
-    int64_t seqlen_new;       /* rows of k_new/v_new; attention then covers seqlens_k[b] + seqlen_new keys */
+    int64_t seqlen_new;       /* rows of k_new/v_new; attention then covers seqlens_k[b] + seqlen_new keys
+                                 (with cu_seqlens_q: the longest append, max_seqlen_q; each sequence
+                                 appends its own len_q(b) rows, see below) */
     int64_t total_keys;       /* sum over the batch of seqlens_k[b] + seqlen_new (0 = not known);
                                  the planner sizes ragged batches by it */
     int64_t knew_batch_stride, knew_row_stride, knew_head_stride;
@@ -122,7 +124,8 @@ typedef struct fmha_fwd_params {
      *    (start, end) != (cu[b], cu[b+1]); its clamped rows are written NaN;
      *  - cu_seqlens_k: the same with total_k and seqlen_k; the rows of b are NaN;
      *  - seqlens_k: bad when seqlens_k[b] < 0 or seqlens_k[b] + new_len(b) > seqlen_k
-     *    (the capacity); nothing is appended for b and its rows are NaN;
+     *    (the capacity); nothing is appended for b and its rows are NaN (a bad
+     *    cu_seqlens_q entry likewise appends nothing for b);
      *  - block_table: an entry outside [0, num_pages) is never dereferenced (nor written
      *    through by the append); every row that would see a key of that page comes out
      *    NaN (GPU tiles may also NaN the other rows of the tile that read it). */
