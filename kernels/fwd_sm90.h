@@ -22,9 +22,11 @@
  * Keys: bottom-right causal (query i sees key j iff j <= i + seqlen_k -
  * seqlen_q); rows that see no key give out 0 and lse -inf.  Rows of K/V past
  * seqlen_k are outside the tensor maps, so TMA fills them with zeros, and
- * their P is exactly 0: no 0 * NaN can occur.  KV-cache calls (seqlens_k,
- * appended keys) and split plans are not this kernel's: the launcher answers
- * FMHA_ERR_UNSUPPORTED for them, and for strides TMA cannot address.
+ * their P is exactly 0: no 0 * NaN can occur.  Packed (varlen) sequences,
+ * cu_seqlens_q and/or cu_seqlens_k, run per sequence (struct sequence).
+ * KV-cache calls (seqlens_k, appended keys, block tables) and split plans are
+ * not this kernel's: the launcher answers FMHA_ERR_UNSUPPORTED for them, and
+ * for strides TMA cannot address.
  *
  * The PTX (wgmma, mbarrier, TMA, setmaxnreg) is in mma_sm90.h.  Under sm_80
  * and AMD builds the kernel body is empty and the launcher is not declared
@@ -37,6 +39,7 @@
 #include "hip_compat.h"
 
 #if !FMHA_DEVICE_IS_AMD
+#include "launch.h"
 #include "mma_nvidia.h"
 #include "mma_sm90.h"
 
@@ -149,6 +152,40 @@ template <int BLOCK_M, bool CAUSAL> __host__ __device__ inline int key_blocks(in
         end = last_key + 1 < end ? last_key + 1 : end;
     }
     return end <= 0 ? 0 : (int)((end + BLOCK_N - 1) / BLOCK_N);
+}
+
+/*
+ * Where sequence b is (fmha.h's geometry, packed or not): its queries are rows
+ * q_row0 + i of batch q_batch in the q/out tensor maps, its keys rows k_row0 + j of
+ * batch k_batch in the k/v maps.  Packed rows past a sequence belong to the next
+ * one: TMA loads them, the masks drop those keys (P is exactly 0; V rows there are
+ * other sequences' values, not garbage) and no row past len_q is stored.  `bad`:
+ * device cu_seqlens out of range (clamped; the rows come out NaN).
+ */
+struct sequence {
+    int64_t q_row0, k_row0;
+    int q_batch, k_batch;
+    int len_q, len_k;
+    bool bad;
+};
+__device__ __forceinline__ sequence sequence_of(const fmha_fwd_params &p, int b)
+{
+    sequence s{0, 0, b, b, (int)p.seqlen_q, (int)p.seqlen_k, false};
+    if (p.cu_seqlens_q) {
+        const packed_span q = packed_span_of(p.cu_seqlens_q, b, p.total_q, p.seqlen_q);
+        s.q_row0 = q.start;
+        s.q_batch = 0;
+        s.len_q = (int)q.len;
+        s.bad = q.bad;
+    }
+    if (p.cu_seqlens_k) {
+        const packed_span k = packed_span_of(p.cu_seqlens_k, b, p.total_k, p.seqlen_k);
+        s.k_row0 = k.start;
+        s.k_batch = 0;
+        s.len_k = (int)k.len;
+        s.bad = s.bad || k.bad;
+    }
+    return s;
 }
 
 #if FMHA_HAS_WGMMA
@@ -296,8 +333,6 @@ fwd_sm90_kernel(const __grid_constant__ tensor_maps maps, const fmha_fwd_params 
     /* The tile: causal tiles run heaviest (last rows) first. */
     const int m_block = CAUSAL ? (int)gridDim.x - 1 - (int)blockIdx.x : (int)blockIdx.x;
     const int m0 = m_block * BLOCK_M, head = (int)blockIdx.y, b = (int)blockIdx.z;
-    const int seqlen_q = (int)p.seqlen_q, seqlen_k = (int)p.seqlen_k;
-    const int n_blocks = key_blocks<BLOCK_M, CAUSAL>(m0, seqlen_q, seqlen_k);
 
     if (threadIdx.x == 0) {
         mbar_init(bars.q_full(), 1);
@@ -312,6 +347,12 @@ fwd_sm90_kernel(const __grid_constant__ tensor_maps maps, const fmha_fwd_params 
     __syncthreads();
     /* Launched overlapped, nothing in memory is touched before the grid before this one is done. */
     fmha_wait_prior_grid();
+    /* Packed sequences shorter than the longest leave tiles with no row: the whole CTA leaves. */
+    const sequence seq = sequence_of(p, b);
+    if (m0 >= seq.len_q)
+        return;
+    const int seqlen_q = seq.len_q, seqlen_k = seq.len_k;
+    const int n_blocks = seq.bad ? 0 : key_blocks<BLOCK_M, CAUSAL>(m0, seqlen_q, seqlen_k);
 
     const int warpgroup = (int)threadIdx.x / WARPGROUP_THREADS;
     if (warpgroup == 0) {
@@ -325,12 +366,12 @@ fwd_sm90_kernel(const __grid_constant__ tensor_maps maps, const fmha_fwd_params 
                 mbar_arrive_expect_tx(bars.q_full(), plan::q_bytes);
 #pragma unroll
                 for (int pn = 0; pn < plan::panels; pn++)
-                    tma_load_4d(base + plan::q_off + pn * plan::q_panel, &maps.q, bars.q_full(), pn * PANEL_COLS, m0,
-                                head, b);
+                    tma_load_4d(base + plan::q_off + pn * plan::q_panel, &maps.q, bars.q_full(), pn * PANEL_COLS,
+                                (int)(seq.q_row0 + m0), head, seq.q_batch);
             }
             ring_pos<STAGES> pos;
             for (int j = 0; j < n_blocks; j++, pos.advance()) {
-                const int key0 = j * BLOCK_N;
+                const int key0 = (int)(seq.k_row0 + (int64_t)j * BLOCK_N);
                 /* Wait until every consumer released this stage's previous round
                  * (in the first round the parity before the first phase passes at once). */
                 mbar_wait(bars.k_empty(pos.stage), pos.phase ^ 1);
@@ -338,13 +379,13 @@ fwd_sm90_kernel(const __grid_constant__ tensor_maps maps, const fmha_fwd_params 
 #pragma unroll
                 for (int pn = 0; pn < plan::panels; pn++)
                     tma_load_4d(base + plan::k_off + pos.stage * plan::kv_bytes + pn * plan::kv_panel, &maps.k,
-                                bars.k_full(pos.stage), pn * PANEL_COLS, key0, kv_head, b);
+                                bars.k_full(pos.stage), pn * PANEL_COLS, key0, kv_head, seq.k_batch);
                 mbar_wait(bars.v_empty(pos.stage), pos.phase ^ 1);
                 mbar_arrive_expect_tx(bars.v_full(pos.stage), plan::kv_bytes);
 #pragma unroll
                 for (int pn = 0; pn < plan::panels; pn++)
                     tma_load_4d(base + plan::v_off + pos.stage * plan::kv_bytes + pn * plan::kv_panel, &maps.v,
-                                bars.v_full(pos.stage), pn * PANEL_COLS, key0, kv_head, b);
+                                bars.v_full(pos.stage), pn * PANEL_COLS, key0, kv_head, seq.k_batch);
             }
         }
     } else {
@@ -468,14 +509,33 @@ fwd_sm90_kernel(const __grid_constant__ tensor_maps maps, const fmha_fwd_params 
         /*
          * Epilogue: O / l into this warpgroup's own Q rows (no other reader:
          * its S products are complete), in the same swizzled panels, then one
-         * thread stores them with TMA, which drops rows past seqlen_q.
+         * thread stores them with TMA, which drops rows past the tensor.  A
+         * packed sequence's last rows are followed by the next sequence's, so a
+         * warpgroup whose 64 rows run past len_q stores from registers instead,
+         * row by row.  A bad sequence's rows are NaN (0 * NaN for out).
          */
         float inv[ROW_HALVES], lse[ROW_HALVES];
 #pragma unroll
         for (int half = 0; half < ROW_HALVES; half++) {
             const float l = quad_sum(st.sum[half]);
-            inv[half] = l == 0.f ? 0.f : 1.f / l;
-            lse[half] = l == 0.f ? -INFINITY : (st.max[half] + log2f(l)) * LN2;
+            inv[half] = seq.bad ? NAN : l == 0.f ? 0.f : 1.f / l;
+            lse[half] = seq.bad ? NAN : l == 0.f ? -INFINITY : (st.max[half] + log2f(l)) * LN2;
+        }
+        const int row0 = m0 + consumer * WGMMA_M;
+        const bool tma_out = row0 < seqlen_q && (!p.cu_seqlens_q || row0 + WGMMA_M <= seqlen_q);
+        if (!tma_out && row0 < seqlen_q) {
+            T *out = static_cast<T *>(p.out) + seq.q_row0 * p.o_row_stride + (int64_t)seq.q_batch * p.o_batch_stride +
+                     (int64_t)head * p.o_head_stride;
+#pragma unroll
+            for (int half = 0; half < ROW_HALVES; half++) {
+                const int row = m0 + row_in_tile + 8 * half;
+                if (row < seqlen_q)
+#pragma unroll
+                    for (int t = 0; t < HEAD_DIM / 8; t++)
+                        *reinterpret_cast<uint32_t *>(out + (int64_t)row * p.o_row_stride + t * 8 +
+                                                      2 * (lane % LANES_PER_ROW)) =
+                            mma_type<T>::pack(o[t * 4 + 2 * half] * inv[half], o[t * 4 + 2 * half + 1] * inv[half]);
+            }
         }
         const int g = lane / LANES_PER_ROW, col_pair = (lane % LANES_PER_ROW) * 4; /* bytes */
 #pragma unroll
@@ -491,23 +551,24 @@ fwd_sm90_kernel(const __grid_constant__ tensor_maps maps, const fmha_fwd_params 
             }
         fence_proxy_async(); /* ordinary stores, read next by the TMA engine */
         named_barrier_sync(EPILOGUE_BARRIER + consumer, WARPGROUP_THREADS);
-        const int row0 = m0 + consumer * WGMMA_M;
-        if (tid == 0 && row0 < seqlen_q) {
+        if (tid == 0 && tma_out) {
 #pragma unroll
             for (int pn = 0; pn < plan::panels; pn++)
                 tma_store_4d(&maps.o, base + plan::q_off + pn * plan::q_panel + consumer * WGMMA_M * SWIZZLE_ROW_BYTES,
-                             pn * PANEL_COLS, row0, head, b);
+                             pn * PANEL_COLS, (int)(seq.q_row0 + row0), head, seq.q_batch);
             tma_store_commit();
         }
         if (p.lse && lane % LANES_PER_ROW == 0) {
+            float *lse_rows = p.lse + (p.cu_seqlens_q ? seq.q_row0 * p.lse_row_stride : b * p.lse_batch_stride) +
+                              head * p.lse_head_stride;
 #pragma unroll
             for (int half = 0; half < ROW_HALVES; half++) {
                 const int64_t row = (int64_t)m0 + row_in_tile + 8 * half;
                 if (row < seqlen_q)
-                    p.lse[b * p.lse_batch_stride + head * p.lse_head_stride + row * p.lse_row_stride] = lse[half];
+                    lse_rows[row * p.lse_row_stride] = lse[half];
             }
         }
-        if (tid == 0 && row0 < seqlen_q)
+        if (tid == 0 && tma_out)
             tma_store_wait_read(); /* the shared memory stays until the store has read it */
     }
 #endif /* FMHA_HAS_WGMMA */
@@ -541,7 +602,7 @@ inline cudaError_t launch_instance(const tensor_maps &maps, const fmha_fwd_param
  * Run the prefill in p on p.stream with the sm_90a kernel.  Returns
  * FMHA_ERR_UNSUPPORTED (nothing launched) when the problem is not this
  * kernel's: not a cc 9.x device, dtype or head_dim it has no instance for,
- * KV-cache lengths or appended keys, a split plan, a non-positive scale,
+ * KV-cache lengths, block tables or appended keys, a split plan, a non-positive scale,
  * sizes past the grid's limits, or addresses and strides that are not
  * 16-byte multiples (TMA's rule); FMHA_ERR_RUNTIME with *error set when
  * CUDA fails.  `sched` picks how the consumers share the tensor cores
@@ -558,8 +619,7 @@ inline fmha_status fmha_sm90_prefill_launch(const fmha_fwd_params &p, cudaError_
         return FMHA_ERR_UNSUPPORTED;
     if (p.head_dim != 64 && p.head_dim != 128)
         return FMHA_ERR_UNSUPPORTED;
-    if (p.seqlens_k || p.k_new || p.v_new || p.seqlen_new != 0 || p.num_splits > 1 ||
-        p.block_table || p.cu_seqlens_q || p.cu_seqlens_k)
+    if (p.seqlens_k || p.k_new || p.v_new || p.seqlen_new != 0 || p.num_splits > 1 || p.block_table)
         return FMHA_ERR_UNSUPPORTED;
     if (!(p.scale_log2 > 0.f) || !isfinite(p.scale_log2))
         return FMHA_ERR_UNSUPPORTED;
@@ -568,8 +628,12 @@ inline fmha_status fmha_sm90_prefill_launch(const fmha_fwd_params &p, cudaError_
         return FMHA_ERR_UNSUPPORTED;
     if (p.batch == 0 || p.seqlen_q == 0 || p.heads_q == 0)
         return FMHA_OK; /* nothing to write */
+    /* Packed q/out (k/v) are one batch entry of total_q (total_k) rows in the tensor maps. */
+    const int64_t q_batch = p.cu_seqlens_q ? 1 : p.batch, q_rows = p.cu_seqlens_q ? p.total_q : p.seqlen_q;
+    const int64_t k_batch = p.cu_seqlens_k ? 1 : p.batch, k_rows = p.cu_seqlens_k ? p.total_k : p.seqlen_k;
     constexpr int64_t MAX_ROWS = ((int64_t)1 << 31) - 2 * BLOCK_N;
-    if (p.batch > 65535 || p.heads_q > 65535 || p.seqlen_q > MAX_ROWS || p.seqlen_k > MAX_ROWS)
+    if (p.batch > 65535 || p.heads_q > 65535 || q_rows > MAX_ROWS || k_rows > MAX_ROWS || p.seqlen_q > MAX_ROWS ||
+        p.seqlen_k > MAX_ROWS || q_rows < 0 || k_rows < 0)
         return FMHA_ERR_UNSUPPORTED;
     int major = 0;
     cudaError_t err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, p.device);
@@ -592,17 +656,26 @@ inline fmha_status fmha_sm90_prefill_launch(const fmha_fwd_params &p, cudaError_
 
     const bool bf16 = p.dtype == FMHA_DTYPE_BF16;
     const int block_m = p.head_dim == 64 ? tile_shape<64>::block_m : tile_shape<128>::block_m;
-    /* With no keys no K/V tile is loaded; the maps still need a row. */
-    const int64_t kv_rows = p.seqlen_k > 0 ? p.seqlen_k : 1;
+    /* With no keys (rows) no tile is loaded; the maps still need a row.  A packed
+     * tensor's batch stride is unused (one entry): the map gets the tensor's extent. */
+    const int64_t kv_rows = k_rows > 0 ? k_rows : 1, qo_rows = q_rows > 0 ? q_rows : 1;
+    auto batch_stride = [](bool packed, int64_t stride, int64_t row_stride, int64_t rows) {
+        return packed ? row_stride * rows : stride;
+    };
+    const bool pq = p.cu_seqlens_q != nullptr, pk = p.cu_seqlens_k != nullptr;
     tensor_maps maps;
-    if (!fmha_rows_map(&maps.q, p.q, bf16, p.batch, p.seqlen_q, p.heads_q, p.head_dim, p.q_batch_stride,
-                       p.q_row_stride, p.q_head_stride, block_m) ||
-        !fmha_rows_map(&maps.k, p.k, bf16, p.batch, kv_rows, p.heads_kv, p.head_dim, p.k_batch_stride,
-                       p.k_row_stride, p.k_head_stride, BLOCK_N) ||
-        !fmha_rows_map(&maps.v, p.v, bf16, p.batch, kv_rows, p.heads_kv, p.head_dim, p.v_batch_stride,
-                       p.v_row_stride, p.v_head_stride, BLOCK_N) ||
-        !fmha_rows_map(&maps.o, p.out, bf16, p.batch, p.seqlen_q, p.heads_q, p.head_dim, p.o_batch_stride,
-                       p.o_row_stride, p.o_head_stride, WGMMA_M))
+    if (!fmha_rows_map(&maps.q, p.q, bf16, q_batch, qo_rows, p.heads_q, p.head_dim,
+                       batch_stride(pq, p.q_batch_stride, p.q_row_stride, qo_rows), p.q_row_stride, p.q_head_stride,
+                       block_m) ||
+        !fmha_rows_map(&maps.k, p.k, bf16, k_batch, kv_rows, p.heads_kv, p.head_dim,
+                       batch_stride(pk, p.k_batch_stride, p.k_row_stride, kv_rows), p.k_row_stride, p.k_head_stride,
+                       BLOCK_N) ||
+        !fmha_rows_map(&maps.v, p.v, bf16, k_batch, kv_rows, p.heads_kv, p.head_dim,
+                       batch_stride(pk, p.v_batch_stride, p.v_row_stride, kv_rows), p.v_row_stride, p.v_head_stride,
+                       BLOCK_N) ||
+        !fmha_rows_map(&maps.o, p.out, bf16, q_batch, qo_rows, p.heads_q, p.head_dim,
+                       batch_stride(pq, p.o_batch_stride, p.o_row_stride, qo_rows), p.o_row_stride, p.o_head_stride,
+                       WGMMA_M))
         return FMHA_ERR_UNSUPPORTED;
 
     const dim3 grid((unsigned)((p.seqlen_q + block_m - 1) / block_m), (unsigned)p.heads_q, (unsigned)p.batch);
