@@ -299,6 +299,18 @@ def test_compile_dense_causal(dtype, name):
     _check(out2.float() / 2, lse, ref_out, ref_lse, name)
 
 
+def test_compile_return_lse_false():
+    q, k, v = _dense(130)
+
+    @torch.compile(fullgraph=True, backend="aot_eager")
+    def step(q, k, v):
+        return fmha_native.forward(q, k, v, causal=True, return_lse=False, device="cpu") + 1
+
+    res = step(q, k, v)
+    assert isinstance(res, torch.Tensor) and res.shape == q.shape
+    _check(res - 1, None, reference.forward(q, k, v, causal=True, return_lse=False), None)
+
+
 def test_compile_given_out_and_lse():
     q, k, v = _dense(121)
     out, lse = torch.full_like(q, 7.0), torch.full((2, 4, 7), 7.0)
