@@ -56,8 +56,8 @@ _Tensor = torch.Tensor
 # extension refuses it.
 _FORWARD_NAMES = frozenset(name for name, _ in fmha_native._FORWARD_KEYWORDS)
 _COMBINE_NAMES = frozenset(name for name, _ in fmha_native._COMBINE_KEYWORDS)
-# The optional keywords handed to the extension only when given, so the ops run on an
-# extension that predates some of them for calls that do not use them.
+# The optional keywords, handed to the extension only when given (it applies its own
+# defaults to the rest), in the order _forward_kw lists their values.
 _OPTIONAL_NAMES = ("cache_seqlens", "block_table", "cu_seqlens_q", "cu_seqlens_k",
                    "max_seqlen_q", "max_seqlen_k", "softmax_scale", "device", "stream")
 
