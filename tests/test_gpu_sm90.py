@@ -255,3 +255,83 @@ def test_env_sm90_runs_the_shapes_auto_gives_other_kernels(torch):
     for r in results:
         assert r["kernel"].startswith(SM90) and r["num_splits"] == 1, r
         assert r["error"] is None, r
+
+
+# ----------------------------------------------------- packed (varlen) sequences on sm90
+
+def packed(torch, lengths, heads, head_dim, dtype, seed):
+    """A packed [total, heads, head_dim] tensor and its int32 cu_seqlens on the GPU."""
+    cu = [0]
+    for n in lengths:
+        cu.append(cu[-1] + n)
+    x = randn(torch, (cu[-1], heads, head_dim), dtype, seed)
+    return x, torch.tensor(cu, dtype=torch.int32, device="cuda")
+
+
+def check_packed(q, k, v, dtype, **kw):
+    """explain() names the sm90 kernel for this packed call; forward matches the reference,
+    sequence by sequence (the reference splits the packed rows itself)."""
+    plan = fmha_native.explain(q, k, v, **kw)
+    assert plan["kernel"].startswith(SM90), f"{plan['kernel']}: {plan['reason']}"
+    out, lse = fmha_native.forward(q, k, v, **kw)
+    ref_kw = {key: kw[key] for key in ("causal", "cu_seqlens_q", "cu_seqlens_k") if key in kw}
+    ref_out, ref_lse = reference.forward(q, k, v, **ref_kw)
+    assert_close(as_f64(out), as_f64(lse), ref_out, ref_lse, dtype, what=plan["kernel"])
+    return plan, out, lse
+
+
+@pytest.mark.parametrize("dtype", ["f16", "bf16"])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_packed_sequences(torch, causal, head_dim, dtype):
+    """Ragged sequences, one empty and some shorter than one warpgroup's 64 rows, so tiles
+    end mid-warpgroup (stored row by row) and tiles start past short sequences."""
+    lengths = [1000, 517, 2049, 0, 63, 1, 130]
+    q, cu = packed(torch, lengths, 16, head_dim, dtype, seed=head_dim + causal)
+    k, _ = packed(torch, lengths, 4, head_dim, dtype, seed=head_dim + causal + 1)
+    v, _ = packed(torch, lengths, 4, head_dim, dtype, seed=head_dim + causal + 2)
+    check_packed(q, k, v, dtype, causal=causal, cu_seqlens_q=cu, cu_seqlens_k=cu,
+                 max_seqlen_q=max(lengths), max_seqlen_k=max(lengths))
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_packed_queries_and_keys_of_other_lengths(torch, causal, head_dim):
+    """Per sequence seqlen_q != seqlen_k (bottom-right causal per sequence, rows that see
+    no key), and cu_seqlens_q against dense [batch, seqlen_k] keys."""
+    q_len, k_len = [300, 1000, 5, 777], [1000, 300, 700, 129]
+    q, cu_q = packed(torch, q_len, 8, head_dim, "bf16", seed=40)
+    k, cu_k = packed(torch, k_len, 8, head_dim, "bf16", seed=41)
+    v, _ = packed(torch, k_len, 8, head_dim, "bf16", seed=42)
+    check_packed(q, k, v, "bf16", causal=causal, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
+                 max_seqlen_q=max(q_len), max_seqlen_k=max(k_len))
+    kd = randn(torch, (len(q_len), 900, 2, head_dim), "bf16", seed=43)
+    vd = randn(torch, (len(q_len), 900, 2, head_dim), "bf16", seed=44)
+    check_packed(q, kd, vd, "bf16", causal=causal, cu_seqlens_q=cu_q, max_seqlen_q=max(q_len))
+
+
+def test_packed_device_cu_seqlens_out_of_range_gives_nan_rows(torch):
+    """A device cu_seqlens_q whose last sequence runs past total_q: that sequence's rows
+    (clamped to the tensor) come out NaN, the others are right, and no row past total_q
+    nor any lse column outside is written."""
+    lengths, head_dim = [700, 400, 500], 128
+    q, cu = packed(torch, lengths, 8, head_dim, "bf16", seed=50)
+    k, _ = packed(torch, lengths, 8, head_dim, "bf16", seed=51)
+    v, _ = packed(torch, lengths, 8, head_dim, "bf16", seed=52)
+    total = q.shape[0]
+    bad = cu.clone()
+    bad[-1] = total + 50
+    kw = dict(causal=True, cu_seqlens_q=bad, cu_seqlens_k=cu, max_seqlen_q=max(lengths),
+              max_seqlen_k=max(lengths))
+    plan = fmha_native.explain(q, k, v, **kw)
+    assert plan["kernel"].startswith(SM90), f"{plan['kernel']}: {plan['reason']}"
+    out_buf = torch.full((total + 8, 8, head_dim), 7.0, device="cuda", dtype=torch.bfloat16)
+    lse_buf = torch.full((8, total + 8), 7.0, device="cuda", dtype=torch.float32)
+    out, lse = out_buf[:total], lse_buf[:, :total]
+    fmha_native.forward(q, k, v, out=out, lse=lse, **kw)
+    good = lengths[0] + lengths[1]
+    ref_out, ref_lse = reference.forward(q[:good], k[:good], v[:good], causal=True,
+                                         cu_seqlens_q=cu[:3], cu_seqlens_k=cu[:3])
+    assert_close(as_f64(out[:good]), as_f64(lse[:, :good]), ref_out, ref_lse, "bf16")
+    assert bool(torch.isnan(out[good:]).all()) and bool(torch.isnan(lse[:, good:]).all())
+    assert bool((out_buf[total:] == 7.0).all()) and bool((lse_buf[:, total:] == 7.0).all())
