@@ -216,6 +216,15 @@ static void split_text(const fmha_plan *plan, char *buf, size_t len)
                  (long long)w->key_blocks);
         return;
     case FMHA_SPLITS_RAGGED:
+        if (!w->total_blocks) {
+            /* lengths on the device (plan.c: plan_unseen_lengths) */
+            snprintf(buf, len, "lengths not read on the host, up to %lld key blocks: chunks of %lld "
+                     "key blocks on %d walker%s, up to %d per entry, so short entries leave the "
+                     "SMs to long ones (the chunk fits lengths spread up to the capacity and models "
+                     "within 3%% of the full-length plan)", (long long)w->key_blocks,
+                     (long long)w->chunk, ws, plural(ws), s);
+            return;
+        }
         snprintf(buf, len, "ragged batch, %lld key blocks in all, longest %lld: chunks of %lld key "
                  "blocks on %d walker%s, up to %d per entry", (long long)w->total_blocks,
                  (long long)w->key_blocks, (long long)w->chunk, ws, plural(ws), s);
@@ -280,9 +289,6 @@ static void sm90_not_used(const fmha_fwd_params *p, const fmha_plan *plan, const
         break;
     case FMHA_SM90_PAGED:
         snprintf(why, sizeof why, "it does not read paged KV caches (block_table)");
-        break;
-    case FMHA_SM90_VARLEN:
-        snprintf(why, sizeof why, "it does not take packed sequences (cu_seqlens_q/cu_seqlens_k)");
         break;
     case FMHA_SM90_FORCED_SPLITS:
         snprintf(why, sizeof why, "it writes no split partials for the forced num_splits");
@@ -688,7 +694,20 @@ PyObject *fmha_explain_plan_for_device(PyObject *module, PyObject *args, PyObjec
         p.q = (const void *)(uintptr_t)2; /* a q that starts 2 bytes past a 16-byte boundary */
     static const int32_t present = 0;  /* the planner reads only whether seqlens_k is set */
     PyObject *lens = PyDict_GetItemString(prob, "cache_seqlens");
-    if (lens) {
+    int64_t device_lengths = 0;
+    if (get_int(prob, "problem", "device_lengths", 0, 1, 0, &device_lengths) < 0)
+        return NULL;
+    if (device_lengths && lens)
+        return PyErr_Format(PyExc_ValueError, "problem['device_lengths'] describes cache_seqlens "
+                            "on the device: give it without cache_seqlens");
+    if (device_lengths) {
+        /* as the glue plans device lengths: present, not read; seqlen_k is the capacity
+         * (or max_seqlen_k) and the total is not known */
+        p.seqlens_k = &present;
+        if (p.seqlen_new > p.seqlen_k)
+            return PyErr_Format(PyExc_ValueError, "problem['seqlen_new'] must be at most seqlen_k");
+        p.seqlen_k -= p.seqlen_new;
+    } else if (lens) {
         PyObject *seq = PySequence_Fast(lens, "problem['cache_seqlens'] must be a list of int");
         if (!seq)
             return NULL;
@@ -714,7 +733,7 @@ PyObject *fmha_explain_plan_for_device(PyObject *module, PyObject *args, PyObjec
         p.seqlens_k = &present;
         p.seqlen_k = longest; /* as the binding layer plans: the longest length */
         p.total_keys = total;
-    } else if (p.seqlen_new) {
+    } else if (p.seqlen_new && !device_lengths) {
         return PyErr_Format(PyExc_ValueError, "problem['seqlen_new'] needs cache_seqlens");
     }
     /* Serving modes: only their presence reaches the planner (plus, for packed
@@ -821,8 +840,10 @@ PyObject *fmha_explain_plan_for_device(PyObject *module, PyObject *args, PyObjec
     fmha_status status = fmha_plan_make(&p, &target, num_splits, &plan);
     fmha_explain_input in = {
         .p = &p, .target = &target, .plan = &plan,
-        .requested_splits = num_splits, .kv_cache = lens != NULL,
-        .inputs_on_host = 1, .device_ordinal = 0, /* described as host arrays */
+        .requested_splits = num_splits, .kv_cache = lens != NULL || device_lengths,
+        .inputs_on_host = !device_lengths, .device_ordinal = 0, /* host arrays unless device_lengths */
+        .length_independent = (int)device_lengths,
+        .planned_keys = p.seqlen_k + p.seqlen_new,
         .serving = serving,
     };
     PyObject *d = fmha_explain_dict(&in);

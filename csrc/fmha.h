@@ -270,7 +270,6 @@ typedef enum fmha_sm90_why {
     FMHA_SM90_HEAD_DIM,        /* no row of FMHA_GPU_SM90_CONFIGS */
     FMHA_SM90_KV_CACHE,        /* cache_seqlens / appended keys */
     FMHA_SM90_PAGED,           /* block_table: a paged KV cache */
-    FMHA_SM90_VARLEN,          /* cu_seqlens_q / cu_seqlens_k: packed sequences */
     FMHA_SM90_FORCED_SPLITS,   /* num_splits >= 2: it writes no split partials */
     FMHA_SM90_UNALIGNED,       /* q/k/v/out base or strides not 16-byte multiples (TMA) */
     FMHA_SM90_SCALE,           /* softmax_scale not positive and finite */

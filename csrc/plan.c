@@ -163,6 +163,106 @@ static void plan_splits(int requested, split_work *w, const machine *m, fmha_pla
     why->busy = (double)ctas / (double)why->slots / (double)why->waves;
 }
 
+/*
+ * Lengths on the device (cache_seqlens or cu_seqlens_k the host does not
+ * read): the plan must serve whatever lengths the kernels find, from all at
+ * the capacity to a spread of long and short ones.  The heuristic's plan is
+ * made for all at the capacity; on spread lengths its CTAs end unevenly and
+ * the SMs of short entries idle while the longest entries finish.  Cutting
+ * every entry into chunks of a fixed number of key blocks (split_blocks, as
+ * the ragged rule does) gives each entry as many non-empty splits as its
+ * length needs; the CTAs of splits past an entry's length walk no key block
+ * and only write empty partials (lse = -inf, which the combine skips).
+ *
+ * The chunk is chosen on two cases of the same model: `full`, every entry at
+ * the capacity (the heuristic's case), and `spread`, lengths spread evenly
+ * over [0, capacity] (half the capacity's key blocks per entry in all, the
+ * ragged rule's model of the pieces, plus the empty CTAs' partials).  A
+ * chunked plan is taken when it models faster than the heuristic's plan on
+ * spread lengths while modelling at most FMHA_UNSEEN_LENGTHS_SLACK times the
+ * heuristic's plan at full length, so that a batch at the capacity keeps
+ * (within that bound) the heuristic's speed: issue 20 allows a
+ * length-independent plan 3% over a length-aware one.  The bound also bounds
+ * the empty CTAs and the partials: every split adds pieces at full length.
+ */
+#define FMHA_UNSEEN_LENGTHS_SLACK 1.03
+
+/* Modelled time of s splits of ws walkers each with every entry at the capacity
+ * (w: the equal tiles of the whole batch). */
+static double full_time(const split_work *w, const machine *m, int64_t s, int ws)
+{
+    const int64_t chunk = ceil_div(w->key_blocks, s);
+    return model_time(m, ceil_div(w->tiles * s * ws, w->walkers),
+                      ceil_div(chunk, ws) + (s > 1 ? w->partial : 0));
+}
+
+/* Modelled time of s chunks of ceil(key_blocks / s) blocks, ws walkers each, on
+ * spread lengths (w: the ragged work of one entry's tiles and the assumed total). */
+static double spread_time(const split_work *w, const machine *m, int64_t s, int ws)
+{
+    const int64_t chunk = ceil_div(w->key_blocks, s), launched = w->tiles * w->batch * s;
+    int64_t pieces = split_pieces(w, s, chunk);
+    pieces = pieces < launched ? pieces : launched;
+    const int64_t ctas = ceil_div(pieces * ws, w->walkers);
+    const int64_t empty = ceil_div(launched * ws, w->walkers) - ctas;
+    double t = model_time(m, ctas, ceil_div(chunk, ws) + (s > 1 ? w->partial : 0));
+    if (s > 1)
+        t += (double)ceil_div(empty, machine_slots(m)) * (double)w->partial;
+    return t;
+}
+
+/*
+ * After plan_splits on the equal tiles of the whole batch (`full`): the chunked
+ * plan for lengths the host cannot see, or the heuristic's plan unchanged.  Over
+ * s = 1 .. min(key_blocks, FMHA_MAX_HEURISTIC_SPLITS) and ws = walkers .. 1, among
+ * the plans whose full_time is within the slack of the heuristic's, the least
+ * spread_time wins, with split_search's tie rules (more splits must model below
+ * split_tie times the best so far; ties to more walkers, then fewer splits); the
+ * heuristic's own plan starts as the best.
+ */
+static void plan_unseen_lengths(const split_work *full, const machine *m, fmha_plan *plan)
+{
+    split_work spread = *full;
+    spread.tiles = full->tiles / full->batch;
+    spread.total_blocks = full->batch * full->key_blocks / 2;
+    if (spread.total_blocks < 1)
+        spread.total_blocks = 1;
+    const int64_t limit = full->key_blocks < FMHA_MAX_HEURISTIC_SPLITS ? full->key_blocks
+                                                                      : FMHA_MAX_HEURISTIC_SPLITS;
+    const int64_t heuristic = plan->num_splits;
+    const int heuristic_ws = plan->walkers_per_split;
+    const double bound = FMHA_UNSEEN_LENGTHS_SLACK * full_time(full, m, heuristic, heuristic_ws);
+    int64_t best = heuristic;
+    int best_ws = heuristic_ws;
+    double best_cost = spread_time(&spread, m, heuristic, heuristic_ws);
+    for (int ws = full->walkers; ws >= 1; ws /= 2)
+        for (int64_t s = 1; s <= (limit > 1 ? limit : 1); s++) {
+            const int64_t chunk = ceil_div(full->key_blocks, s);
+            if (ws > 1 && chunk < ws)
+                break; /* a walker with no block */
+            if (full_time(full, m, s, ws) > bound)
+                continue;
+            const double cost = spread_time(&spread, m, s, ws);
+            if (cost < best_cost * (s > best ? m->split_tie : 1.0)) {
+                best_cost = cost;
+                best = s;
+                best_ws = ws;
+            }
+        }
+    if (best == heuristic && best_ws == heuristic_ws)
+        return; /* the heuristic's plan, each entry's blocks divided by its splits */
+    fmha_split_why *why = &plan->split;
+    plan->num_splits = (int)best;
+    plan->walkers_per_split = best_ws;
+    why->rule = FMHA_SPLITS_RAGGED;
+    why->tiles = spread.tiles;
+    why->total_blocks = 0; /* not known: explain says the lengths are unseen */
+    why->chunk = ceil_div(full->key_blocks, best);
+    why->waves = 0;
+    why->busy = 0.0;
+    plan->split_blocks = best > 1 ? (int)why->chunk : 0;
+}
+
 /* Key blocks' worth of time a split CTA spends on its fp32 partials (written,
  * then read by the combine): block_m rows of fp32 against block_n rows of K
  * and V in 16 bits, about 2 * block_m / block_n. */
@@ -356,9 +456,9 @@ static int sm90_tma_aligned(const fmha_fwd_params *p)
  * Whether the sm90 kernel (FMHA_KERNEL_GPU_SM90) takes a prefill problem the
  * gate admits, split decision aside: the first reason it does not, else
  * FMHA_SM90_CHOSEN.  It needs its sm_90a code and a cc 9.x device, runs one
- * unsplit pass over plain keys (no KV cache, no pages, no packed sequences),
- * addresses memory through TMA, and puts (batch, query head) on the grid's y
- * and z.  It does not pack query
+ * unsplit pass over keys in k/v (no KV cache, no pages; packed sequences,
+ * cu_seqlens_q and/or cu_seqlens_k, are its own), addresses memory through
+ * TMA, and puts (batch, query head) on the grid's y and z.  It does not pack query
  * heads: where the old prefill tiles hold all query heads of a kv head
  * (`packed`), they read K/V once for the group, so they stay (unless
  * FMHA_GPU_PREFILL_KERNEL=sm90).
@@ -382,8 +482,6 @@ static fmha_sm90_why sm90_fit(const fmha_fwd_params *p, const fmha_target *t, in
         return FMHA_SM90_KV_CACHE;
     if (p->block_table)
         return FMHA_SM90_PAGED;
-    if (p->cu_seqlens_q || p->cu_seqlens_k)
-        return FMHA_SM90_VARLEN;
     if (requested > 1)
         return FMHA_SM90_FORCED_SPLITS;
     if (!sm90_tma_aligned(p))
@@ -471,6 +569,9 @@ static void plan_kernel(const fmha_fwd_params *p, const fmha_target *t, int kern
                     ragged ? ceil_div(p->total_keys, tiles.block_n) : 0, p->batch,
                     split_partial_cost(tiles.block_m, tiles.block_n), tiles.walkers, 1.0};
     plan_splits(requested, &w, &gpu, plan);
+    /* Lengths on the device, not read here: chunks that fit any spread of them. */
+    if (requested == 0 && !lengths_known && p->batch > 1 && (p->seqlens_k || p->cu_seqlens_k))
+        plan_unseen_lengths(&w, &gpu, plan);
 }
 
 /*

@@ -439,14 +439,26 @@ def test_sm90_not_for_paged_caches():
     assert forced["kernel"].startswith("fwd_mma<"), forced["kernel"]
 
 
-def test_sm90_not_for_packed_sequences():
-    plan = plan_for(prefill(varlen=1), H100_SM90)
-    assert plan["kernel"].startswith("fwd_mma<"), plan["kernel"]
-    assert "not fwd_sm90: it does not take packed sequences" in plan["reason"]
-    keys = plan_for(prefill(varlen=1, seqlens_k=[4096, 100, 4000, 7]), H100_SM90)
-    assert keys["kernel"].startswith("fwd_mma<"), keys["kernel"]
-    # the same problem dense still takes the sm90 kernel
-    assert is_sm90(plan_for(prefill(), H100_SM90))
+@pytest.mark.parametrize("causal", [False, True])
+def test_sm90_takes_packed_sequences(causal):
+    """The sm90 kernel reads packed q (cu_seqlens_q) and packed k/v (cu_seqlens_k) itself:
+    a packed prefill plans as the dense one, on the sm90 tiles, unsplit."""
+    dense = plan_for(prefill(causal=causal), H100_SM90)
+    packed_q = plan_for(prefill(varlen=1, causal=causal), H100_SM90)
+    # 4 sequences of 4096 keys each, given as packed key lengths
+    packed_qk = plan_for(prefill(varlen=1, causal=causal, seqlens_k=[4096] * 4), H100_SM90)
+    for plan in (dense, packed_q, packed_qk):
+        assert is_sm90(plan), plan["reason"]
+        assert plan["num_splits"] == 1 and plan["block_m"] == 128
+        assert "packed sequences" not in plan["reason"]
+    assert packed_q["kernel"] == dense["kernel"] == packed_qk["kernel"]
+    # ... but not with a KV cache, dense or paged: each says its own reason
+    cached = plan_for(prefill(varlen=1, cache_seqlens=[4000, 10, 4096, 0]), H100_SM90)
+    assert cached["kernel"].startswith("fwd_mma<"), cached["kernel"]
+    assert "not fwd_sm90: it does not read KV caches" in cached["reason"]
+    paged = plan_for(prefill(varlen=1, paged=1, cache_seqlens=[4000, 10, 4096, 0]), H100_SM90)
+    assert paged["kernel"].startswith("fwd_mma<"), paged["kernel"]
+    assert "not fwd_sm90: it does not read KV caches" in paged["reason"]
 
 
 def test_packed_keys_split_as_a_ragged_batch():
@@ -459,3 +471,75 @@ def test_packed_keys_split_as_a_ragged_batch():
     assert packed["num_splits"] == cached["num_splits"]
     assert packed["split"]["chunk"] == cached["split"]["chunk"]
     assert packed["split"]["total_blocks"] == cached["split"]["total_blocks"]
+
+
+# ------------------------------------------- device lengths: the length-independent plan
+
+def device_row(batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim):
+    """A decode with cache_seqlens on the device: present, never read on the host, so the
+    plan is made for seqlen_k (the capacity) keys per sequence."""
+    return problem(batch=batch, heads_q=heads_q, heads_kv=heads_kv, seqlen_q=seqlen_q,
+                   seqlen_k=seqlen_k, head_dim=head_dim, device_lengths=1)
+
+
+def test_device_lengths_ragged_batch_gets_chunks():
+    """Issue 20's ragged row, (32,32,8,1,32768,128), lengths on the device.  By hand, with
+    plan.c's model (decode tiles 16x32: 8 tiles per entry, 1024 key blocks each; 4 walkers
+    per CTA, 1 CTA per SM on the described H100, 132 slots; a CTA costs 4 blocks, a split
+    piece 1 more for its partials; waves = ceil(CTAs / 132)):
+      full length, the heuristic's 1 split x 2 walkers: 256 x 2 / 4 = 128 CTAs, 1 wave x
+      (512 + 4) = 516; the slack allows 1.03 x 516 = 531.5.
+      3 splits x 2 walkers (chunks of 342): 384 CTAs, 3 waves x (171 + 4 + 1) = 528: allowed;
+      4 splits x 2 or 2 x 4 (512 CTAs, 4 x 133 = 532) and 6 x 2 (768 CTAs, 6 x 91) are not.
+      spread lengths (16 x 1024 = 16384 key blocks in all, the last chunk of each entry
+      half full): 3 x 2: 8 x (ceil(16384 / 342) + 16) = 512 pieces, 256 CTAs, 2 waves x 176,
+      plus the 128 empty CTAs' partials (1 wave x 1): 353, against 516 unsplit; 6 x 1
+      (chunks of 171): 896 pieces, 224 CTAs, 2 x 176 + 2 x 1 = 354; 4 x 1, 2 x 2: 522."""
+    plan = plan_for(device_row(32, 32, 8, 1, 32768, 128), H100)
+    assert plan["length_independent"] is True and plan["kv_cache"] is True
+    assert plan["kernel"] == "fwd_decode<bfloat16,d128,pack_gqa>+merge+combine", plan["kernel"]
+    assert (plan["num_splits"], plan["walkers_per_split"]) == (3, 2), plan["reason"]
+    assert plan["split"]["rule"] == "ragged" and plan["split"]["chunk"] == 342
+    assert plan["split"]["total_blocks"] == 0 and plan["split"]["key_blocks"] == 1024
+    assert plan["split"]["tiles"] == 8
+    assert "lengths not read on the host, up to 1024 key blocks: chunks of 342" in plan["reason"]
+    assert "length-independent plan" in plan["reason"]
+    # the same lengths on the host: the ragged rule on the real total, not this one
+    host = plan_for(problem(batch=32, seqlen_k=32768, cache_seqlens=[100, 32768] * 16), H100)
+    assert host["split"]["total_blocks"] > 0 and host["length_independent"] is False
+
+
+@pytest.mark.parametrize("row,plan_want", [
+    # batch 1: no spread to plan for; the heuristic's plans (see the split rule)
+    ((1, 32, 8, 1, 131072, 128), (16, 4)),
+    ((1, 16, 16, 1, 65535, 64), (8, 4)),
+    # one wave at full length (16 x 8 = 128 tiles of 4 walkers; 64 x 8 = 512 tiles of 1 in
+    # 128 CTAs): a chunked plan has no later wave to move work into, and its partials cost
+    # (2 x 2 chunks of 128 at 16 x 8192: 69 at full length, 70 spread, against 68)
+    ((16, 32, 8, 1, 8192, 128), (1, 4)),
+    ((64, 32, 8, 1, 4096, 128), (1, 1)),
+])
+def test_device_lengths_keep_the_decode_rows_plans(row, plan_want):
+    """The decode rows of benchmarks/bench.py with device lengths plan as at full length."""
+    plan = plan_for(device_row(*row), H100)
+    assert (plan["num_splits"], plan["walkers_per_split"]) == plan_want, plan["reason"]
+    assert plan["split"]["rule"] == "heuristic", plan["reason"]
+    dense = plan_for(problem(batch=row[0], heads_q=row[1], heads_kv=row[2], seqlen_q=row[3],
+                             seqlen_k=row[4], head_dim=row[5]), H100)
+    assert (dense["num_splits"], dense["walkers_per_split"]) == plan_want
+    assert dense["kernel"] == plan["kernel"]
+
+
+def test_device_lengths_chunks_only_for_the_heuristic():
+    # a forced count: each row's result must not depend on the chunking of the others
+    forced = plan_for(device_row(32, 32, 8, 1, 32768, 128), H100, num_splits=4)
+    assert forced["num_splits"] == 4 and forced["split"]["rule"] == "forced"
+    # no lengths at all (dense k/v): every entry is at full length, the heuristic's plan
+    dense = plan_for(problem(batch=32, seqlen_k=32768), H100)
+    assert (dense["num_splits"], dense["walkers_per_split"]) == (1, 2)
+    assert dense["split"]["rule"] == "heuristic" and dense["length_independent"] is False
+
+
+def test_device_lengths_hook_refuses_both_kinds():
+    with pytest.raises(ValueError, match="device_lengths"):
+        plan_for(problem(batch=2, cache_seqlens=[1, 2], device_lengths=1), H100)
