@@ -232,6 +232,13 @@ static void plan_unseen_lengths(const split_work *full, const machine *m, fmha_p
     const int64_t heuristic = plan->num_splits;
     const int heuristic_ws = plan->walkers_per_split;
     const double bound = FMHA_UNSEEN_LENGTHS_SLACK * full_time(full, m, heuristic, heuristic_ws);
+    /* Split plans' full_time is at least the work spread over every walker slot plus
+     * each piece's fixed cost, tiles * (key_blocks + s ws (overhead + partial)) /
+     * (walkers x slots), which grows with s: past the bound no larger s fits (the
+     * search stays a few dozen plans on the host's path of every decode call). */
+    const double per_slot = (double)full->tiles / ((double)full->walkers * (double)machine_slots(m));
+    const double floor_time = per_slot * (double)full->key_blocks;
+    const double piece_time = per_slot * (double)(FMHA_SPLIT_OVERHEAD_BLOCKS + full->partial);
     int64_t best = heuristic;
     int best_ws = heuristic_ws;
     double best_cost = spread_time(&spread, m, heuristic, heuristic_ws);
@@ -240,6 +247,8 @@ static void plan_unseen_lengths(const split_work *full, const machine *m, fmha_p
             const int64_t chunk = ceil_div(full->key_blocks, s);
             if (ws > 1 && chunk < ws)
                 break; /* a walker with no block */
+            if (s > 1 && floor_time + piece_time * (double)(s * ws) > bound)
+                break;
             if (full_time(full, m, s, ws) > bound)
                 continue;
             const double cost = spread_time(&spread, m, s, ws);
