@@ -779,6 +779,38 @@ int fmha_validate_forward(const fmha_module_state *st, fmha_fwd_views *t,
 /* combine                                                                   */
 /* ------------------------------------------------------------------------ */
 
+/*
+ * 1 when out is exactly partial g of outs for some g (the same address for every
+ * element out[b, i, h, d] and outs[g, b, i, h, d]); such an out may be written.
+ * Both combines read every partial of a row's span of features before they
+ * write that span of the row, and no row reads another row's partials:
+ * cpu_fwd.c combine_row accumulates a chunk of features over all splits before
+ * storing it, combine.hip loads a chunk's features of every split, meets
+ * __syncthreads, then stores.  lse gets no such allowance: combine.hip reads a
+ * row's lses again for each chunk of features after the first chunk has stored
+ * lse, so lse must stay apart from lses.
+ */
+static int out_is_one_partial(const fmha_tensor *out, const fmha_tensor *outs)
+{
+    if (!out->present || !outs->present || out->ndim != 4 || outs->ndim != 5 ||
+        out->on_gpu != outs->on_gpu || (out->on_gpu && out->device_id != outs->device_id) ||
+        out->itemsize != outs->itemsize || out->itemsize == 0)
+        return 0;
+    for (int d = 0; d < 4; d++)
+        if (out->shape[d] != outs->shape[d + 1] ||
+            (out->shape[d] > 1 && out->user_strides[d] != outs->user_strides[d + 1]))
+            return 0;
+    /* Byte distance from partial 0 to out, in steps of one partial. */
+    intptr_t diff = (intptr_t)((uintptr_t)out->user_data - (uintptr_t)outs->user_data);
+    int64_t step = outs->user_strides[0] * (int64_t)outs->itemsize;
+    if (outs->shape[0] == 1 || step == 0)
+        return diff == 0;
+    if (diff % step != 0)
+        return 0;
+    int64_t g = (int64_t)(diff / step);
+    return g >= 0 && g < outs->shape[0];
+}
+
 int fmha_validate_combine(fmha_combine_views *t)
 {
     char same_as_outs[48];
@@ -824,5 +856,9 @@ int fmha_validate_combine(fmha_combine_views *t)
         return -1;
     fmha_tensor *written[] = {&t->out, &t->lse};
     fmha_tensor *inputs[] = {&t->outs, &t->lses};
+    /* out exactly one of the partials is allowed (out_is_one_partial says why): the
+     * pair is passed as twins, so every other overlap is still refused. */
+    if (out_is_one_partial(&t->out, &t->outs))
+        return require_apart(written, 2, inputs, 2, &t->out, &t->outs);
     return require_apart(written, 2, inputs, 2, NULL, NULL);
 }

@@ -400,11 +400,26 @@ def combine(outs, lses, **kw):
     them): outs [G, batch, seqlen_q, heads, head_dim] normalised by their own
     row sums, lses float32 [G, batch, heads, seqlen_q].  out has outs' dtype
     [batch, seqlen_q, heads, head_dim]; lse is float32 [batch, heads, seqlen_q].
-    torch calls made while torch traces or compiles go through the op
-    fmha_native::combine (combine_out when out or lse is given).
+    Partials whose lse is -inf (a shard with no visible key) add nothing, whatever
+    their out holds; a row whose partials are all -inf gives out = 0, lse = -inf.
+
+    outs and lses may each be a list or tuple of G partials ([batch, seqlen_q, heads,
+    head_dim] and [batch, heads, seqlen_q]) of one kind (torch, CuPy or NumPy): when
+    they are equally spaced views of one buffer they are read in place, else stacked
+    (a copy).  ``out`` may be exactly one of the partials (outs[g] itself, or that
+    list item): every partial of a row is read before the row is written.  ``lse``
+    must not overlap lses.  torch calls made while torch traces or compiles go
+    through the op fmha_native::combine (combine_out when out or lse is given).
     """
     # As in forward: dynamo tracing a plain torch tensor never reaches _library.
-    lib = "torch" if type(outs) is _torch_tensor else _library(outs)
+    if type(outs) is _torch_tensor:
+        lib = "torch"
+    else:
+        if type(outs) in (list, tuple):
+            outs = _partials(outs, "outs")
+        if type(lses) in (list, tuple):
+            lses = _partials(lses, "lses")
+        lib = _library(outs)
     if lib is None:
         return _C.combine(outs, lses, **kw)
     ctx = None
@@ -435,6 +450,103 @@ def combine(outs, lses, **kw):
         return _C.combine(outs, lses, **kw)
     with ctx:
         return _C.combine(outs, lses, **kw)
+
+
+def _partials(items, name):
+    """A list or tuple of G partial states as one array with a leading G axis: a
+    strided view when the items are equally spaced views of one buffer (no copy,
+    and an out= that is one of the items stays an exact alias), else a stack."""
+    if not items:
+        raise ValueError(f"{name} must hold at least one partial state, got an empty "
+                         f"{type(items).__name__}")
+    first = items[0]
+    lib = _library(first)
+    for index, x in enumerate(items):
+        if _library(x) != lib or (lib is not None and type(x) is not type(first)):
+            raise TypeError(f"{name} must be partial states of one kind of array, but "
+                            f"{name}[{index}] is a {type(x).__module__}.{type(x).__name__} and "
+                            f"{name}[0] a {type(first).__module__}.{type(first).__name__}")
+    if lib == "torch":
+        torch = _load_torch()
+        view = _torch_view_of(items, torch)
+        if view is not None:
+            return view
+        _same_shapes(items, name, lambda x: tuple(x.shape), lambda x: x.dtype)
+        return torch.stack(list(items))
+    if lib == "cupy":
+        import cupy
+
+        _same_shapes(items, name, lambda x: tuple(x.shape), lambda x: x.dtype)
+        return cupy.stack(list(items))
+    import numpy
+
+    arrays = [numpy.asarray(x) for x in items]
+    view = _numpy_view_of(arrays, numpy)
+    if view is not None:
+        return view
+    _same_shapes(arrays, name, lambda x: x.shape, lambda x: x.dtype)
+    return numpy.stack(arrays)
+
+
+def _same_shapes(items, name, shape, dtype):
+    for index, x in enumerate(items[1:], 1):
+        if shape(x) != shape(items[0]) or dtype(x) != dtype(items[0]):
+            raise ValueError(f"{name}[{index}] has shape {shape(x)} and dtype {dtype(x)}, but "
+                             f"{name}[0] has {shape(items[0])} and {dtype(items[0])}: every "
+                             "partial state must have the same shape and dtype")
+
+
+def _equal_step(addresses, itemsize):
+    """The common distance (in elements, >= 0) between consecutive addresses, or None."""
+    step = addresses[1] - addresses[0] if len(addresses) > 1 else 0
+    if step < 0 or step % itemsize:
+        return None
+    for a, b in zip(addresses, addresses[1:]):
+        if b - a != step:
+            return None
+    return step // itemsize
+
+
+def _torch_view_of(items, torch):
+    """items (torch tensors) as one [G, ...] strided view when they share a storage,
+    shape, dtype, device and strides and sit at equal steps in it; else None."""
+    first = items[0]
+    if first.requires_grad:  # as_strided would record autograd history
+        return None
+    for x in items:
+        if (x.shape != first.shape or x.dtype != first.dtype or x.device != first.device
+                or x.stride() != first.stride() or x.requires_grad
+                or x.untyped_storage().data_ptr() != first.untyped_storage().data_ptr()):
+            return None
+    step = _equal_step([x.storage_offset() for x in items], 1)
+    if step is None:
+        return None
+    return first.as_strided((len(items),) + tuple(first.shape), (step,) + first.stride(),
+                            first.storage_offset())
+
+
+def _numpy_view_of(arrays, numpy):
+    """As _torch_view_of for NumPy arrays that are views of one base array."""
+    def root(x):
+        while isinstance(x.base, numpy.ndarray):
+            x = x.base
+        return x
+
+    first = arrays[0]
+    base = root(first)
+    if base is first or first.dtype.itemsize == 0:
+        return None
+    for x in arrays:
+        if (x.shape != first.shape or x.dtype != first.dtype or x.strides != first.strides
+                or root(x) is not base):
+            return None
+    step = _equal_step([x.__array_interface__["data"][0] for x in arrays], 1)
+    if step is None:
+        return None
+    # Every item lies inside base, so the view's elements do too.
+    view = numpy.lib.stride_tricks.as_strided(first, (len(arrays),) + first.shape,
+                                              (step,) + first.strides, writeable=False)
+    return view
 
 
 def _signature(positional, keywords):

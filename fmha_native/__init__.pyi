@@ -1,7 +1,7 @@
 # Type stub of fmha_native's public API (PEP 561; py.typed marks the package typed).
 # Arrays are typed Any: NumPy arrays, torch tensors, CuPy arrays and other DLPack
 # producers are all accepted, and results come back as the caller's kind of array.
-from typing import Any, Literal, Optional, Tuple, TypedDict, Union, final, overload
+from typing import Any, Literal, Optional, Sequence, Tuple, TypedDict, Union, final, overload
 
 from . import reference as reference
 
@@ -80,7 +80,8 @@ def explain(q: _Array, k: _Array, v: _Array, *, causal: bool = False,
             block_table: Optional[_Array] = None, cu_seqlens_q: Optional[_Array] = None,
             cu_seqlens_k: Optional[_Array] = None, max_seqlen_q: Optional[int] = None) -> dict[str, Any]: ...
 
-def combine(outs: _Array, lses: _Array, *, out: Optional[_Array] = None,
+def combine(outs: Union[_Array, Sequence[_Array]], lses: Union[_Array, Sequence[_Array]], *,
+            out: Optional[_Array] = None,
             lse: Optional[_Array] = None, stream: Optional[int] = None) -> Tuple[_Array, _Array]: ...
 
 def info() -> _Info: ...
