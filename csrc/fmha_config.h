@@ -119,6 +119,11 @@
 /* A split plan is taken only if its modelled time is below this fraction of
  * the unsplit plan's (the model omits the partials' traffic and the combine). */
 #define FMHA_SPLIT_MIN_GAIN 0.9
+/* Known ragged lengths are cut into equal chunks (the ragged rule) only when the
+ * unsplit tiles fill fewer waves than this: with more, the grid's own order already
+ * balances long and short entries (packed prefill), and chunks only add partials and a
+ * combine (and would take prefill off the sm90 kernel, which writes none). */
+#define FMHA_RAGGED_MAX_WAVES 2
 /* Decode tiles: a plan with more splits than the best so far must model below
  * this fraction of its time to replace it.  The model counts a walker's key
  * blocks, but these tiles are bandwidth-bound once enough CTAs read and each

@@ -571,15 +571,19 @@ static void plan_kernel(const fmha_fwd_params *p, const fmha_target *t, int kern
                              : gpu_ctas_per_sm(dev, kernel, config_row, p->head_dim, &tiles),
                          kernel == FMHA_KERNEL_GPU_MMA ? FMHA_GPU_MMA_SHARE_COST : 0.0,
                          kernel == FMHA_KERNEL_GPU_DECODE ? FMHA_GPU_DECODE_SPLIT_TIE : 1.0};
-    /* Ragged chunks only for the heuristic: with a forced num_splits a row's
-     * result must not depend on the other batch entries, and the chunk would. */
-    const int ragged = requested == 0 && lengths_known && p->batch > 1;
+    /* Ragged chunks only for the heuristic (with a forced num_splits a row's
+     * result must not depend on the other batch entries, and the chunk would), and
+     * only when the unsplit tiles leave the machine short of work (fmha_config.h). */
+    const int64_t unsplit_waves = ceil_div(ceil_div(n_tiles, tiles.walkers), machine_slots(&gpu));
+    const int ragged = requested == 0 && lengths_known && p->batch > 1 &&
+                       unsplit_waves < FMHA_RAGGED_MAX_WAVES;
     split_work w = {ragged ? n_tiles / p->batch : n_tiles, fmha_num_key_blocks(p, tiles.block_n),
                     ragged ? ceil_div(p->total_keys, tiles.block_n) : 0, p->batch,
                     split_partial_cost(tiles.block_m, tiles.block_n), tiles.walkers, 1.0};
     plan_splits(requested, &w, &gpu, plan);
     /* Lengths on the device, not read here: chunks that fit any spread of them. */
-    if (requested == 0 && !lengths_known && p->batch > 1 && (p->seqlens_k || p->cu_seqlens_k))
+    if (requested == 0 && !lengths_known && p->batch > 1 && (p->seqlens_k || p->cu_seqlens_k) &&
+        unsplit_waves < FMHA_RAGGED_MAX_WAVES)
         plan_unseen_lengths(&w, &gpu, plan);
 }
 

@@ -473,6 +473,17 @@ def test_packed_keys_split_as_a_ragged_batch():
     assert packed["split"]["total_blocks"] == cached["split"]["total_blocks"]
 
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_packed_prefill_of_ragged_lengths_stays_unsplit_on_sm90(causal):
+    """Host key lengths that differ, on a prefill with many tiles: 4 x 32 query heads x
+    32 row tiles = 4096 tiles, 32 waves of the H100's 132 slots, far past
+    FMHA_RAGGED_MAX_WAVES (2), so no ragged chunks: the sm90 kernel runs it unsplit."""
+    plan = plan_for(prefill(varlen=1, causal=causal, seqlens_k=[4096, 2048, 1024, 512]),
+                    H100_SM90)
+    assert is_sm90(plan) and plan["num_splits"] == 1, plan["reason"]
+    assert plan["split"]["rule"] == "heuristic", plan["reason"]
+
+
 # ------------------------------------------- device lengths: the length-independent plan
 
 def device_row(batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim):
