@@ -20,7 +20,7 @@
  * Each sequence has its own geometry (fmha.h: packed sequences, key lengths, a
  * paged KV cache): the grid is made for the longest one, and make_work gives
  * each walker its sequence's rows and keys; K/V rows of a paged cache come
- * through the block table (load_rows_paged, a template flag of the kernel, so
+ * through the block table (paged_rows, a template flag of the kernel, so
  * dense calls run the same code as before).
  */
 #ifndef FMHA_FWD_MMA_H
@@ -162,72 +162,140 @@ __device__ __forceinline__ void load_rows(const Copy &put, const T *first_row, i
 }
 
 namespace {
-/* 16 bytes that are NaN as fp16 and as bf16 alike (copied into K rows of a bad page). */
+/* 16 bytes that are NaN as fp16 and as bf16 alike (copied into K rows of a bad page), and
+ * 16 that are zero (its V rows). */
 __device__ const uint4 nan_chunk = {0x7fff7fffu, 0x7fff7fffu, 0x7fff7fffu, 0x7fff7fffu};
+__device__ const uint4 zero_chunk = {0u, 0u, 0u, 0u};
 }  // namespace
 
 /*
- * load_rows for the K and V tiles of one key block of a paged cache: key
- * key0 + row is row key % page_size of page table[key / page_size] (fmha.h),
- * the page stride being k/v_batch_stride.  page_size is a multiple of 16 and
- * key0 one of BLOCK_N, so the 16 rows of an aligned group share a page: a
- * thread reads the table once per run of its passes inside one group, not
- * once per row, and steps to the next run's page slot without a division.
- * Rows at or past valid_rows are zero-filled and read no table entry.  A page
- * outside [0, num_pages) is never read: its K rows are NaN chunks, so every
- * row that would see one of its keys gets a NaN score and comes out NaN, while
+ * The K and V rows of a paged cache (fmha.h): key `key` is row key % page_size
+ * of page table[key / page_size], the page stride being k/v_batch_stride.
+ * page_size is a multiple of 16 and every key block starts on a multiple of
+ * 16, so the 16 rows of an aligned group share a page, and a thread's rows of
+ * a block fall into RUNS runs of passes, each inside one group: one page
+ * per run.
+ *
+ * The table is read one key block ahead (fetch, while the block before is
+ * being computed), so the copies of a block never wait for a table load, and
+ * no division runs per block: a cursor steps the page slot and row of this
+ * thread's first row by the walker's block stride (divided once).  Entries of
+ * runs past the sequence's keys are not read; an entry outside [0, num_pages)
+ * is never dereferenced: its K rows are copied from a NaN chunk, so every row
+ * that would see one of its keys gets a NaN score and comes out NaN, while
  * rows that mask the key select -inf as for any other; its V rows are zeros.
  */
-template <int ROWS, int HEAD_DIM, int THREADS, typename T, typename Copy>
-__device__ __forceinline__ void load_rows_paged(const Copy &put_k, const Copy &put_v, const T *k, const T *v,
-                                                const fmha_fwd_params &p, const int32_t *table, int64_t key0,
-                                                int64_t valid_rows, int tid)
-{
+template <int ROWS, int HEAD_DIM, int THREADS> struct paged_rows {
     using tile = smem_tile<ROWS, HEAD_DIM>;
     static_assert(THREADS % tile::CHUNKS == 0, "a pass of the threads copies whole rows");
-    constexpr int ROWS_PER_PASS = THREADS / tile::CHUNKS;
+    static constexpr int ROWS_PER_PASS = THREADS / tile::CHUNKS;
     static_assert(ROWS % 16 == 0 && ROWS % ROWS_PER_PASS == 0, "the passes cover whole 16-row groups");
     static_assert(ROWS_PER_PASS <= 16 ? 16 % ROWS_PER_PASS == 0 : ROWS_PER_PASS % 16 == 0,
                   "a run of passes stays inside one 16-row group");
-    constexpr int RUN = ROWS_PER_PASS <= 16 ? 16 / ROWS_PER_PASS : 1; /* passes per table read */
-    constexpr int RUN_ROWS = RUN * ROWS_PER_PASS;                      /* rows between runs */
-    constexpr int RUNS = ROWS / RUN_ROWS;
-    const int row0 = tid / tile::CHUNKS, chunk = tid % tile::CHUNKS;
-    const T *nan_src = reinterpret_cast<const T *>(&nan_chunk);
-    /* Table entry and page row of this thread's first row; later runs step by RUN_ROWS. */
-    fmha_qr at = fmha_divide(key0 + row0, p.page_size);
-#pragma unroll
-    for (int run = 0; run < RUNS; run++) {
-        const int first = row0 + run * RUN_ROWS;
-        if (run > 0) {
-            if constexpr (RUN_ROWS <= 16) {
-                /* page_size >= 16: a step crosses at most one page boundary. */
-                at.r += RUN_ROWS;
-                if (at.r >= p.page_size) {
-                    at.r -= p.page_size;
-                    at.q += 1;
-                }
-            } else {
-                at = fmha_divide(key0 + first, p.page_size);
-            }
-        }
-        int64_t page = -1;
-        if (first < valid_rows) /* the run's rows ascend: none is valid past its first */
-            page = table[at.q];
-        const bool ok = page >= 0 && page < p.num_pages;
-        const int64_t page_k = ok ? page * p.k_batch_stride + at.r * p.k_row_stride : 0;
-        const int64_t page_v = ok ? page * p.v_batch_stride + at.r * p.v_row_stride : 0;
-        const T *k_src = k + page_k + chunk * ELEMS_PER_CHUNK, *v_src = v + page_v + chunk * ELEMS_PER_CHUNK;
-#pragma unroll
-        for (int i = 0; i < RUN; i++) {
-            const int row = first + i * ROWS_PER_PASS;
-            const bool valid = row < valid_rows, real = valid && ok;
-            const int byte_offset = tile::offset(row, chunk) * (int)sizeof(T);
-            put_k(byte_offset, real ? k_src + i * ROWS_PER_PASS * p.k_row_stride : valid ? nan_src : k, valid);
-            put_v(byte_offset, real ? v_src + i * ROWS_PER_PASS * p.v_row_stride : v, real);
+    static constexpr int RUN = ROWS_PER_PASS <= 16 ? 16 / ROWS_PER_PASS : 1; /* passes per page */
+    static constexpr int RUN_ROWS = RUN * ROWS_PER_PASS;                      /* rows between runs */
+    static constexpr int RUNS = ROWS / RUN_ROWS;
+
+    /* What the copies of one block need: each run's table entry (-1 when the run has no
+     * valid row; checked against num_pages only where it is used, so the check does not
+     * wait for the load) and the page row of the first run's first row. */
+    struct pages {
+        int32_t page[RUNS];
+        int32_t row;
+    };
+
+    int64_t slot;         /* table slot of this thread's first row in the next block fetched */
+    int32_t row;          /* its row in that page */
+    int32_t step_slot, step_row; /* the walker's block stride, in pages and rows */
+    int32_t page_size;
+
+    /* (slot, row) + n rows, for 0 <= n <= page_size: at most one page boundary crossed. */
+    static __device__ __forceinline__ void advance(int64_t &s, int32_t &r, int32_t n, int32_t page_size)
+    {
+        r += n;
+        if (r >= page_size) {
+            r -= page_size;
+            s += 1;
         }
     }
-}
+    /* Run k's row from the first run's (RUN_ROWS steps of 16; page_size >= 16). */
+    template <int N> static __device__ __forceinline__ void step_runs(int64_t &s, int32_t &r, int32_t page_size)
+    {
+#pragma unroll
+        for (int i = 0; i < N * RUN_ROWS / 16; i++)
+            advance(s, r, 16, page_size);
+    }
+
+    /* The cursor of a walker whose blocks are first_block + j * block_step. */
+    __device__ __forceinline__ paged_rows(const fmha_fwd_params &p, int first_block, int block_step, int tid)
+    {
+        page_size = (int32_t)p.page_size;
+        const fmha_qr at = fmha_divide((int64_t)first_block * ROWS + tid / tile::CHUNKS, page_size);
+        const fmha_qr step = fmha_divide((int64_t)block_step * ROWS, page_size);
+        slot = at.q;
+        row = (int32_t)at.r;
+        step_slot = (int32_t)step.q;
+        step_row = (int32_t)step.r;
+    }
+
+    /* The pages of key block n_block (the cursor's next block), and step to the one
+     * after.  Loads are issued, not waited for: the registers are read by load(). */
+    __device__ __forceinline__ pages fetch(const int32_t *table, int64_t n_block, int64_t len_k, int tid)
+    {
+        pages out;
+        out.row = row;
+        const int64_t first_key = n_block * ROWS + tid / tile::CHUNKS;
+        int64_t s = slot;
+        int32_t r = row;
+#pragma unroll
+        for (int run = 0; run < RUNS; run++) {
+            if (run > 0)
+                step_runs<1>(s, r, page_size);
+            /* The run's rows ascend: none is valid past its first. */
+            out.page[run] = first_key + run * RUN_ROWS < len_k ? table[s] : -1;
+        }
+        slot += step_slot;
+        advance(slot, row, step_row, page_size);
+        return out;
+    }
+
+    /* Start the copies of the block whose pages are `at` (fetched for it); rows at or
+     * past valid_rows are zero-filled. */
+    template <typename T, typename Copy>
+    __device__ __forceinline__ void load(const Copy &put_k, const Copy &put_v, const T *k, const T *v,
+                                         const fmha_fwd_params &p, const pages &at, int64_t valid_rows,
+                                         int tid) const
+    {
+        const int row0 = tid / tile::CHUNKS, chunk = tid % tile::CHUNKS;
+        const T *nan_src = reinterpret_cast<const T *>(&nan_chunk);
+        const T *zero_src = reinterpret_cast<const T *>(&zero_chunk);
+        int64_t unused_slot = 0;
+        int32_t r = at.row;
+        const int valid_end = valid_rows < ROWS ? (int)valid_rows : ROWS; /* 32-bit row compares */
+#pragma unroll
+        for (int run = 0; run < RUNS; run++) {
+            if (run > 0)
+                step_runs<1>(unused_slot, r, page_size);
+            const int first = row0 + run * RUN_ROWS;
+            const int32_t page = at.page[run];
+            const bool ok = (uint64_t)(int64_t)page < (uint64_t)p.num_pages; /* -1 or out of range: not ok */
+            /* One base and one row step per run: a bad page repeats the NaN chunk (K) and the
+             * zero chunk (V), so K and V rows share one predicate (valid). */
+            const T *k_src = ok ? k + page * p.k_batch_stride + r * p.k_row_stride + chunk * ELEMS_PER_CHUNK : nan_src;
+            const T *v_src = ok ? v + page * p.v_batch_stride + r * p.v_row_stride + chunk * ELEMS_PER_CHUNK : zero_src;
+            const int64_t k_step = ok ? ROWS_PER_PASS * p.k_row_stride : 0;
+            const int64_t v_step = ok ? ROWS_PER_PASS * p.v_row_stride : 0;
+#pragma unroll
+            for (int i = 0; i < RUN; i++, k_src += k_step, v_src += v_step) {
+                const int row = first + i * ROWS_PER_PASS;
+                const bool valid = row < valid_end;
+                const int byte_offset = tile::offset(row, chunk) * (int)sizeof(T);
+                put_k(byte_offset, k_src, valid);
+                put_v(byte_offset, v_src, valid);
+            }
+        }
+    }
+};
 
 /*
  * The work of one walker: which batch entry, heads, rows, and key blocks.
@@ -804,28 +872,45 @@ template <typename T, typename cfg, bool PAGED> struct kv_ring {
      * L2 first (kv_read_once).  Prefill row tiles of a head share K/V through L2. */
     using kv_copy = std::conditional_t<HAS_L2_HINTS && (cfg::walkers > 1), hinted_copy, plain_copy>;
 
+    using paged = paged_rows<BLOCK_N, HEAD_DIM, shape::THREADS>;
+    struct no_cursor {
+        __device__ no_cursor(const fmha_fwd_params &, int, int, int) {}
+    };
+    struct no_pages {};
+
     const fmha_fwd_params &p;
     const cta_work &w;
     const T *k, *v; /* this piece's kv head */
     T *s_k, *s_v;   /* stage 0 of the K and V rings */
     uint64_t policy;
     int tid;
+    /* PAGED: the table cursor, and the pages of the block the next refill loads (fetched
+     * one block ahead: see paged_rows).  Empty for dense K/V. */
+    mutable std::conditional_t<PAGED, paged, no_cursor> cursor;
+    mutable std::conditional_t<PAGED, typename paged::pages, no_pages> next;
 
     __device__ __forceinline__ kv_ring(const fmha_fwd_params &p_, const cta_work &w_, const T *k_, const T *v_,
                                        T *s_k_, T *s_v_, int tid_)
         : p(p_), w(w_), k(k_), v(v_), s_k(s_k_), s_v(s_v_),
-          policy(p_.kv_read_once ? L2_EVICT_FIRST : L2_EVICT_NORMAL), tid(tid_)
+          policy(p_.kv_read_once ? L2_EVICT_FIRST : L2_EVICT_NORMAL), tid(tid_),
+          cursor(p_, w_.n_first, w_.n_step, tid_)
     {
     }
 
-    /* Start the copies of key block n_block into `stage` (no commit). */
-    __device__ __forceinline__ void load(int n_block, int stage) const
+    /* PAGED: this sequence's row of the block table, and the pages of block n_block (the
+     * cursor's next). */
+    __device__ __forceinline__ typename paged::pages fetch(int n_block) const
+    {
+        return cursor.fetch(p.block_table + w.b * p.block_table_stride, n_block, w.len_k, tid);
+    }
+
+    /* Start the copies of key block n_block into `stage` (no commit); paged, its pages are `at`. */
+    template <typename Pages> __device__ __forceinline__ void load(int n_block, int stage, const Pages &at) const
     {
         const int64_t key0 = (int64_t)n_block * BLOCK_N;
         if constexpr (PAGED) {
-            load_rows_paged<BLOCK_N, HEAD_DIM, shape::THREADS>(
-                kv_copy(s_k + stage * kv_tile::ELEMS, policy), kv_copy(s_v + stage * kv_tile::ELEMS, policy), k, v, p,
-                p.block_table + w.b * p.block_table_stride, key0, w.len_k - key0, tid);
+            cursor.load(kv_copy(s_k + stage * kv_tile::ELEMS, policy), kv_copy(s_v + stage * kv_tile::ELEMS, policy),
+                        k, v, p, at, w.len_k - key0, tid);
         } else {
             load_rows<BLOCK_N, HEAD_DIM, shape::THREADS>(kv_copy(s_k + stage * kv_tile::ELEMS, policy),
                                                          k + key0 * p.k_row_stride, p.k_row_stride, w.len_k - key0,
@@ -838,16 +923,33 @@ template <typename T, typename cfg, bool PAGED> struct kv_ring {
 
     /* Prologue: the first K/V block, then the Q tile (its row addresses take longer to
      * work out, and DRAM should be busy meanwhile), then the next stages, one commit
-     * group each. */
+     * group each.  PAGED: the table entries of every stage and of the first refill are
+     * asked for first, and the Q tile's copies go out while they come. */
     template <typename LoadQ> __device__ __forceinline__ void fill(LoadQ load_q) const
     {
+        if constexpr (PAGED) {
+            typename paged::pages at[STAGES];
 #pragma unroll
-        for (int s = 0; s < STAGES; s++) {
-            if (s < w.n_count)
-                load(w.block(s), s);
-            if (s == 0)
-                load_q();
-            copy_async_commit();
+            for (int s = 0; s < STAGES; s++)
+                at[s] = fetch(w.block(s));
+            next = fetch(w.block(STAGES));
+#pragma unroll
+            for (int s = 0; s < STAGES; s++) {
+                if (s == 0)
+                    load_q();
+                if (s < w.n_count)
+                    load(w.block(s), s, at[s]);
+                copy_async_commit();
+            }
+        } else {
+#pragma unroll
+            for (int s = 0; s < STAGES; s++) {
+                if (s < w.n_count)
+                    load(w.block(s), s, next);
+                if (s == 0)
+                    load_q();
+                copy_async_commit();
+            }
         }
     }
 
@@ -865,8 +967,11 @@ template <typename T, typename cfg, bool PAGED> struct kv_ring {
     __device__ __forceinline__ void refill(int j, int stage) const
     {
         walker_thread<cfg>::sync();
-        if (j + STAGES < w.n_count)
-            load(w.block(j + STAGES), stage);
+        if (j + STAGES < w.n_count) {
+            load(w.block(j + STAGES), stage, next);
+            if constexpr (PAGED)
+                next = fetch(w.block(j + STAGES + 1)); /* used by the next refill */
+        }
         copy_async_commit();
     }
 };

@@ -100,6 +100,11 @@ template <typename T, typename cfg> fmha_status launch_tiles(const fmha_fwd_para
      * 16-row group); the host glue refuses other sizes. */
     if (p.block_table && (p.page_size < 16 || p.page_size % 16 != 0))
         return FMHA_ERR_INVALID;
+    /* The paged loader keeps page rows in 32 bits (fwd_mma.h paged_rows). */
+    if (p.block_table && p.page_size > (int64_t)1 << 30) {
+        record_error("fwd_mma: pages of more than 2^30 keys", hipSuccess);
+        return FMHA_ERR_UNSUPPORTED;
+    }
     return p.block_table ? launch_mask<T, cfg, true>(p) : launch_mask<T, cfg, false>(p);
 }
 
