@@ -571,3 +571,14 @@ combine.__signature__ = _signature(("outs", "lses"), _COMBINE_KEYWORDS)
 
 
 from . import reference  # noqa: E402  (the float64 oracle; needs only NumPy)
+
+
+def __getattr__(name):
+    # fmha_native.distributed needs torch: imported at its first use, never by
+    # `import fmha_native`.
+    if name == "distributed":
+        # import_module, not `from . import`: that form asks this hook first.
+        import importlib
+
+        return importlib.import_module(__name__ + ".distributed")
+    raise AttributeError(f"module 'fmha_native' has no attribute {name!r}")

@@ -1,0 +1,327 @@
+"""fmha_native.distributed: context parallelism on torch.distributed.
+
+Owns attention over a sequence sharded across the ranks of a torch.distributed process
+group: ``context_parallel_forward`` (prefill: K/V passed around a ring or all-gathered,
+contiguous or zigzag layout) and ``context_parallel_decode`` (a KV cache sharded across
+ranks: vLLM's decode context parallelism).  It has no communication layer of its own: it
+uses torch.distributed's ``batch_isend_irecv`` (ring) and ``all_gather_into_tensor``
+(all-gather, decode), so it runs on any backend that has them: NCCL on GPUs, gloo on CPUs.
+Every rank of the group must make the same call with tensors of the same shapes.
+
+    out, lse = context_parallel_forward(q, k, v, causal=True, layout="zigzag")
+
+Layouts of the sequence dimension over the W ranks of the group (q, k and v alike):
+
+- ``contiguous``: rank r holds positions [r*L, (r+1)*L) (L, the local length, any size).
+- ``zigzag``: the sequence is cut into 2W chunks of c positions and rank r holds chunks r
+  and 2W-1-r, concatenated (local length 2c).  Under a causal mask every rank then has
+  the same work: with the keys of rank s, rank r's queries see
+
+  - s == r: both of its own chunks, causally, which is the library's causal mask on the
+    local [2c, 2c] block (the local order is the position order);
+  - s < r: the first chunk of the keys (chunk s) only, for all 2c queries, unmasked
+    (chunk 2W-1-s lies after both query chunks);
+  - s > r: both key chunks, for the second query chunk (2W-1-r) only, unmasked (the
+    first query chunk r lies before both key chunks).
+
+Without a mask the layout does not matter: every query sees every key.
+
+The merge is exact: each visible block gives a partial state (out normalised by its own
+row sum, and its log-sum-exp), and ``fmha_native.combine`` merges partials into the state
+of the union of their keys (DESIGN.md, combine).  The ring keeps its running state in
+float32 whatever the inputs' dtype, so a partial is rounded to q's dtype once (by the
+forward that makes it) and the result once at the end, never in between.
+"""
+import fmha_native as _fn
+
+__all__ = ["context_parallel_forward", "context_parallel_decode"]
+
+_METHODS = ("ring", "allgather")
+_LAYOUTS = ("contiguous", "zigzag")
+
+# The communication stream of each CUDA device, made at its first ring call.
+_side_streams = {}
+
+
+def _modules():
+    """(torch, torch.distributed), imported on first use (importing fmha_native never
+    imports torch)."""
+    import torch
+    import torch.distributed as dist
+
+    return torch, dist
+
+
+def _group_of(dist, group):
+    """(rank in group, world size, global rank of group rank i) for an initialised group."""
+    if not dist.is_available() or not dist.is_initialized():
+        raise ValueError("group: torch.distributed is not initialised; call "
+                         "torch.distributed.init_process_group first")
+    rank = dist.get_rank(group)
+    if rank < 0:
+        raise ValueError("group: this process is not a member of the given process group")
+    world = dist.get_world_size(group)
+    if group is None:
+        return rank, world, lambda i: i
+    return rank, world, lambda i: dist.get_global_rank(group, i)
+
+
+def _check_tensors(torch, names_and_tensors):
+    first_name, first = names_and_tensors[0]
+    for name, x in names_and_tensors:
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{name} must be a torch tensor (context parallelism runs on "
+                            f"torch.distributed), got {type(x).__module__}.{type(x).__name__}")
+        if x.dim() != 4:
+            raise ValueError(f"{name} must be 4-D [batch, seqlen, heads, head_dim], got shape "
+                             f"{tuple(x.shape)}")
+        if x.device != first.device:
+            raise ValueError(f"{name} is on {x.device} but {first_name} on {first.device}: "
+                             "they must be on one device")
+        if x.dtype != first.dtype:
+            raise TypeError(f"{name} has dtype {str(x.dtype).replace('torch.', '')} but "
+                            f"{first_name} {str(first.dtype).replace('torch.', '')}: they must "
+                            "share one dtype")
+
+
+def _choice(name, value, allowed):
+    if not isinstance(value, str) or value not in allowed:
+        raise ValueError(f"{name} must be one of {', '.join(repr(a) for a in allowed)}, got "
+                         f"{value!r}")
+
+
+def _pack_kv(torch, k, v):
+    """K and V side by side in one buffer [batch, seqlen, 2, heads_kv, head_dim], so one
+    message carries both; k and v are its views [:, :, 0] and [:, :, 1]."""
+    b, s, h, d = k.shape
+    kv = torch.empty((b, s, 2, h, d), dtype=k.dtype, device=k.device)
+    kv[:, :, 0].copy_(k)
+    kv[:, :, 1].copy_(v)
+    return kv
+
+
+def _ring_blocks(rank, world, seqlen_q, seqlen_k, causal, layout):
+    """The work of rank ``rank`` at each ring step: a list of ``world`` entries, entry s
+    for the keys of rank (rank - s) mod world, each None (the mask hides them) or
+    (query rows, key rows, causal), rows as slices of the local q and of the K/V shard."""
+    everything = slice(None)
+    blocks = []
+    for step in range(world):
+        src = (rank - step) % world
+        if not causal:
+            blocks.append((everything, everything, False))
+        elif src == rank:
+            blocks.append((everything, everything, True))
+        elif layout == "contiguous":
+            blocks.append((everything, everything, False) if src < rank else None)
+        elif src < rank:
+            blocks.append((everything, slice(0, seqlen_k // 2), False))
+        else:
+            blocks.append((slice(seqlen_q // 2, seqlen_q), everything, False))
+    return blocks
+
+
+def context_parallel_forward(q, k, v, *, group=None, causal=False, softmax_scale=None,
+                             method="ring", layout="contiguous", return_lse=True):
+    """Attention over a sequence sharded across the ranks of ``group``: (out, lse), or out
+    when ``return_lse`` is false.
+
+    q [batch, seqlen_q, heads_q, head_dim], k and v [batch, seqlen_k, heads_kv, head_dim]
+    torch tensors: this rank's shard of the sequence in ``layout`` ("contiguous" or
+    "zigzag", module docstring).  Returns this rank's rows of the single-device result:
+    out like q, lse float32 [batch, heads_q, seqlen_q].  ``causal`` needs q and k sharded
+    alike (seqlen_q == seqlen_k); "zigzag" needs even local lengths (two equal chunks).
+    ``method``: "ring" passes K/V around the ring with batch_isend_irecv (on a side stream
+    on CUDA) while the block in hand is computed, skipping blocks the mask hides, and
+    merges in float32; "allgather" gathers K/V with all_gather_into_tensor and runs one
+    forward over the visible keys (per local chunk for zigzag).  GQA, float16, bfloat16
+    and (CPU) float32 as fmha_native.forward takes them.  Every rank must pass the same
+    shapes, dtype, causal, method and layout.  Forward only (no autograd).
+    """
+    torch, dist = _modules()
+    _check_tensors(torch, [("q", q), ("k", k), ("v", v)])
+    _choice("method", method, _METHODS)
+    _choice("layout", layout, _LAYOUTS)
+    if k.shape != v.shape:
+        raise ValueError(f"k and v must have one shape, got {tuple(k.shape)} and "
+                         f"{tuple(v.shape)}")
+    if q.shape[0] != k.shape[0] or q.shape[3] != k.shape[3]:
+        raise ValueError(f"q {tuple(q.shape)} and k {tuple(k.shape)} must agree on batch and "
+                         "head_dim")
+    if causal and q.shape[1] != k.shape[1]:
+        raise ValueError(f"causal context parallelism shards q and k alike: q.shape[1] "
+                         f"({q.shape[1]}) must equal k.shape[1] ({k.shape[1]})")
+    if causal and layout == "zigzag" and q.shape[1] % 2:
+        raise ValueError(f"layout='zigzag' holds two equal chunks per rank: q.shape[1] and "
+                         f"k.shape[1] must be even, got {q.shape[1]}")
+    q = _fn._no_grad_input("q", q)
+    k, v = _fn._no_grad_input("k", k), _fn._no_grad_input("v", v)
+    rank, world, global_rank = _group_of(dist, group)
+    if not causal:
+        layout = "contiguous"  # every query sees every key: the layout does not matter
+    with torch.no_grad():
+        if world == 1:
+            result = _fn.forward(q, k, v, causal=causal, softmax_scale=softmax_scale)
+        elif method == "ring":
+            result = _ring(torch, dist, q, k, v, causal, softmax_scale, layout, group, rank,
+                           world, global_rank)
+        else:
+            result = _allgather(torch, dist, q, k, v, causal, softmax_scale, layout, group,
+                                rank, world)
+    return result if return_lse else result[0]
+
+
+def _side_stream(torch, device):
+    stream = _side_streams.get(device)
+    if stream is None:
+        stream = _side_streams[device] = torch.cuda.Stream(device=device)
+    return stream
+
+
+def _ring(torch, dist, q, k, v, causal, scale, layout, group, rank, world, global_rank):
+    batch, seqlen_q, heads_q, head_dim = q.shape
+    f32 = torch.float32
+    dev = q.device
+    # Slot 0: the running state (float32); slot 1: the partial being merged into it.
+    obuf = torch.empty((2, batch, seqlen_q, heads_q, head_dim), dtype=f32, device=dev)
+    lbuf = torch.empty((2, batch, heads_q, seqlen_q), dtype=f32, device=dev)
+    # combine's lse may not overlap its lses: the merged lse lands here, then in slot 0.
+    lse_merged = torch.empty((batch, heads_q, seqlen_q), dtype=f32, device=dev)
+    # Partials of float16/bfloat16 inputs come in q's dtype (forward writes its
+    # inputs' dtype) and are widened into slot 1.
+    part = None if q.dtype == f32 else torch.empty_like(q)
+    current = _pack_kv(torch, k, v)
+    spare = torch.empty_like(current)
+    send_to, recv_from = global_rank((rank + 1) % world), global_rank((rank - 1) % world)
+    side = _side_stream(torch, dev) if q.is_cuda else None
+    blocks = _ring_blocks(rank, world, seqlen_q, k.shape[1], causal, layout)
+    for step, block in enumerate(blocks):
+        requests = []
+        if step + 1 < world:
+            ops = [dist.P2POp(dist.isend, current, send_to, group),
+                   dist.P2POp(dist.irecv, spare, recv_from, group)]
+            if side is not None:
+                # The side stream starts after the work already queued (spare was last
+                # read by the previous step's forward).
+                side.wait_stream(torch.cuda.current_stream(dev))
+                with torch.cuda.stream(side):
+                    requests = dist.batch_isend_irecv(ops)
+            else:
+                requests = dist.batch_isend_irecv(ops)
+        if block is not None:
+            rows, keys, block_causal = block
+            slot = 0 if step == 0 else 1  # step 0 is the diagonal: it sees every row
+            out_view = obuf[slot][:, rows]
+            lse_view = lbuf[slot][:, :, rows]
+            _fn.forward(q[:, rows], current[:, keys, 0], current[:, keys, 1],
+                        causal=block_causal, softmax_scale=scale,
+                        out=out_view if part is None else part[:, rows], lse=lse_view)
+            if part is not None:
+                out_view.copy_(part[:, rows])
+            if slot == 1:
+                # out= is exactly partial 0 of the stack: combine reads a row's partials
+                # before writing it.
+                _fn.combine(obuf[:, :, rows], lbuf[:, :, :, rows], out=obuf[0][:, rows],
+                            lse=lse_merged[:, :, rows])
+                lbuf[0][:, :, rows].copy_(lse_merged[:, :, rows])
+        for request in requests:
+            request.wait()  # on CUDA: the current stream waits for the transfer
+        current, spare = spare, current
+    out = obuf[0].to(q.dtype) if part is not None else obuf[0].clone()
+    return out, lbuf[0].clone()
+
+
+def _allgather(torch, dist, q, k, v, causal, scale, layout, group, rank, world):
+    batch, seqlen_k, heads_kv, head_dim = k.shape
+    kv = _pack_kv(torch, k, v)
+    # Shards concatenated along dim 0 (the form every backend takes, gloo included).
+    gathered = torch.empty((world * batch,) + tuple(kv.shape[1:]), dtype=kv.dtype,
+                           device=kv.device)
+    dist.all_gather_into_tensor(gathered, kv, group=group)
+    gathered = gathered.view((world,) + tuple(kv.shape))
+    if not causal or layout == "contiguous":
+        # Shards in rank order are the positions in order; a causal rank needs the
+        # prefix up to its own shard.
+        shards = gathered[:rank + 1] if causal else gathered
+        keys = shards.transpose(0, 1).reshape(batch, shards.shape[0] * seqlen_k, 2, heads_kv,
+                                              head_dim)
+        return _fn.forward(q, keys[:, :, 0], keys[:, :, 1], causal=causal, softmax_scale=scale)
+    # zigzag: chunk p < W is rank p's first chunk, chunk p >= W rank 2W-1-p's second.  The
+    # later local chunk (2W-1-rank) sees chunks 0 .. 2W-1-rank; the earlier one (rank) a
+    # prefix of those.
+    chunk = seqlen_k // 2
+    halves = gathered.view(world, batch, 2, chunk, 2, heads_kv, head_dim)
+    count = 2 * world - rank
+    keys = torch.empty((batch, count, chunk, 2, heads_kv, head_dim), dtype=kv.dtype,
+                       device=kv.device)
+    keys[:, :world].copy_(halves[:, :, 0].transpose(0, 1))
+    keys[:, world:].copy_(halves[rank:, :, 1].flip(0).transpose(0, 1))
+    keys = keys.view(batch, count * chunk, 2, heads_kv, head_dim)
+    out = torch.empty_like(q)
+    lse = torch.empty((batch, q.shape[2], q.shape[1]), dtype=torch.float32, device=q.device)
+    for rows, visible in ((slice(0, chunk), (rank + 1) * chunk),
+                          (slice(chunk, 2 * chunk), count * chunk)):
+        # Bottom-right causal: query i of the chunk sits at key position
+        # i + visible - chunk, its own position.
+        _fn.forward(q[:, rows], keys[:, :visible, 0], keys[:, :visible, 1], causal=True,
+                    softmax_scale=scale, out=out[:, rows], lse=lse[:, :, rows])
+    return out, lse
+
+
+def context_parallel_decode(q, k_cache, v_cache, *, cache_seqlens, group=None,
+                            block_table=None, softmax_scale=None, max_seqlen_k=None,
+                            return_lse=True):
+    """Attention of q over a KV cache sharded across the ranks of ``group``: (out, lse),
+    or out when ``return_lse`` is false.
+
+    Every rank passes the same q [batch, seqlen_q, heads_q, head_dim] and its own shard of
+    every sequence's cache: k_cache/v_cache as fmha_native.forward takes a cache (dense
+    [batch, capacity, heads_kv, head_dim], or pages with ``block_table``) and
+    ``cache_seqlens`` int32 [batch], this rank's key count per sequence (0 allowed).
+    Every query row attends to every key of every shard (the decode order: queries come
+    after the cache), whatever order the shards hold them in.  Local forward, one
+    all_gather_into_tensor of the (out, lse) partials, then combine; every rank returns
+    the whole result: out like q, lse float32 [batch, heads_q, seqlen_q].  No host reads
+    of device tensors (device cache_seqlens are never copied to the host), so a step can
+    be captured in a CUDA graph.  ``max_seqlen_k``: forward's plan hint (the most keys a
+    shard holds for one sequence).
+    """
+    torch, dist = _modules()
+    _check_tensors(torch, [("q", q), ("k_cache", k_cache), ("v_cache", v_cache)])
+    _, world, _ = _group_of(dist, group)
+    q = _fn._no_grad_input("q", q)
+    kw = {"cache_seqlens": cache_seqlens, "softmax_scale": softmax_scale}
+    if block_table is not None:
+        kw["block_table"] = block_table
+    if max_seqlen_k is not None:
+        kw["max_seqlen_k"] = max_seqlen_k
+    with torch.no_grad():
+        if world == 1:
+            result = _fn.forward(q, k_cache, v_cache, **kw)
+            return result if return_lse else result[0]
+        batch, seqlen_q, heads_q, head_dim = q.shape
+        # One message per rank carries both partials: out's bytes, then lse's, each
+        # starting on a 16-byte boundary.
+        out_bytes = batch * seqlen_q * heads_q * head_dim * q.element_size()
+        lse_at = _round_up(out_bytes, 16)
+        lse_bytes = batch * heads_q * seqlen_q * 4
+        size = _round_up(lse_at + lse_bytes, 16)
+        message = torch.empty(size, dtype=torch.uint8, device=q.device)
+        out_local = message[:out_bytes].view(q.dtype).view(q.shape)
+        lse_local = message[lse_at:lse_at + lse_bytes].view(torch.float32).view(
+            batch, heads_q, seqlen_q)
+        _fn.forward(q, k_cache, v_cache, out=out_local, lse=lse_local, **kw)
+        if size == 0:
+            return (out_local, lse_local) if return_lse else out_local
+        gathered = torch.empty(world * size, dtype=torch.uint8, device=q.device)
+        dist.all_gather_into_tensor(gathered, message, group=group)
+        gathered = gathered.view(world, size)
+        outs = gathered[:, :out_bytes].view(q.dtype).view((world,) + tuple(q.shape))
+        lses = gathered[:, lse_at:lse_at + lse_bytes].view(torch.float32).view(
+            world, batch, heads_q, seqlen_q)
+        out, lse = _fn.combine(outs, lses)
+    return (out, lse) if return_lse else out
+
+
+def _round_up(n, m):
+    return (n + m - 1) // m * m
