@@ -178,7 +178,10 @@ def _side_stream(torch, device):
     return stream
 
 
-def _ring(torch, dist, q, k, v, causal, scale, layout, group, rank, world, global_rank):
+def _ring(torch, dist, q, k, v, causal, scale, layout, group, rank, world, global_rank,
+          communicate=True):
+    """The ring method; communicate=False (benchmarks/bench_cp.py's compute-only time)
+    runs the same blocks and merges on this rank's own K/V, sending nothing."""
     batch, seqlen_q, heads_q, head_dim = q.shape
     f32 = torch.float32
     dev = q.device
@@ -197,7 +200,7 @@ def _ring(torch, dist, q, k, v, causal, scale, layout, group, rank, world, globa
     blocks = _ring_blocks(rank, world, seqlen_q, k.shape[1], causal, layout)
     for step, block in enumerate(blocks):
         requests = []
-        if step + 1 < world:
+        if communicate and step + 1 < world:
             ops = [dist.P2POp(dist.isend, current, send_to, group),
                    dist.P2POp(dist.irecv, spare, recv_from, group)]
             if side is not None:
@@ -226,7 +229,8 @@ def _ring(torch, dist, q, k, v, causal, scale, layout, group, rank, world, globa
                 lbuf[0][:, :, rows].copy_(lse_merged[:, :, rows])
         for request in requests:
             request.wait()  # on CUDA: the current stream waits for the transfer
-        current, spare = spare, current
+        if communicate:
+            current, spare = spare, current
     out = obuf[0].to(q.dtype) if part is not None else obuf[0].clone()
     return out, lbuf[0].clone()
 
