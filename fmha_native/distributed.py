@@ -90,6 +90,14 @@ def _choice(name, value, allowed):
                          f"{value!r}")
 
 
+def _all_gather(dist, output, tensor, group):
+    """all_gather_into_tensor under the name this torch prefers (newer ones call it
+    all_gather_single and warn on the old name); output is the ranks' tensors
+    concatenated along dim 0."""
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    gather(output, tensor, group=group)
+
+
 def _pack_kv(torch, k, v):
     """K and V side by side in one buffer [batch, seqlen, 2, heads_kv, head_dim], so one
     message carries both; k and v are its views [:, :, 0] and [:, :, 1]."""
@@ -241,7 +249,7 @@ def _allgather(torch, dist, q, k, v, causal, scale, layout, group, rank, world):
     # Shards concatenated along dim 0 (the form every backend takes, gloo included).
     gathered = torch.empty((world * batch,) + tuple(kv.shape[1:]), dtype=kv.dtype,
                            device=kv.device)
-    dist.all_gather_into_tensor(gathered, kv, group=group)
+    _all_gather(dist, gathered, kv, group)
     gathered = gathered.view((world,) + tuple(kv.shape))
     if not causal or layout == "contiguous":
         # Shards in rank order are the positions in order; a causal rank needs the
@@ -294,6 +302,8 @@ def context_parallel_decode(q, k_cache, v_cache, *, cache_seqlens, group=None,
     _check_tensors(torch, [("q", q), ("k_cache", k_cache), ("v_cache", v_cache)])
     _, world, _ = _group_of(dist, group)
     q = _fn._no_grad_input("q", q)
+    k_cache = _fn._no_grad_input("k_cache", k_cache)
+    v_cache = _fn._no_grad_input("v_cache", v_cache)
     kw = {"cache_seqlens": cache_seqlens, "softmax_scale": softmax_scale}
     if block_table is not None:
         kw["block_table"] = block_table
@@ -318,7 +328,7 @@ def context_parallel_decode(q, k_cache, v_cache, *, cache_seqlens, group=None,
         if size == 0:
             return (out_local, lse_local) if return_lse else out_local
         gathered = torch.empty(world * size, dtype=torch.uint8, device=q.device)
-        dist.all_gather_into_tensor(gathered, message, group=group)
+        _all_gather(dist, gathered, message, group)
         gathered = gathered.view(world, size)
         outs = gathered[:, :out_bytes].view(q.dtype).view((world,) + tuple(q.shape))
         lses = gathered[:, lse_at:lse_at + lse_bytes].view(torch.float32).view(

@@ -71,18 +71,18 @@ def _prefill_cases(world, gpu):
         cases.append(dict(method=method, layout="contiguous", causal=False, dtype=dtype,
                           batch=2, local_q=5, local_k=9, heads_q=2, heads_kv=2,
                           head_dim=head_dim))
-    if world == 3:
-        # A sub-group whose rank 0 is global rank 1 (the ring's peers are global ranks).
-        for method in ("ring", "allgather"):
-            cases.append(dict(method=method, layout="zigzag", causal=True, dtype=dtype,
-                              batch=1, local_q=8, local_k=8, heads_q=4, heads_kv=2,
-                              head_dim=head_dim, group=[1, 2]))
+    # world 3: a sub-group whose rank 0 is global rank 1 (the ring's peers are global
+    # ranks); world 2: a group of one rank (no communication at all).
+    for method in ("ring", "allgather"):
+        cases.append(dict(method=method, layout="zigzag", causal=True, dtype=dtype,
+                          batch=1, local_q=8, local_k=8, heads_q=4, heads_kv=2,
+                          head_dim=head_dim, group=[1, 2] if world == 3 else [0]))
     for i, case in enumerate(cases):
         case["kind"] = "prefill"
         case["name"] = (f"{case['method']}-{case['layout']}-"
                         f"{'causal' if case['causal'] else 'full'}-{case['dtype']}-"
                         f"q{case['local_q']}k{case['local_k']}h{case['heads_q']}/"
-                        f"{case['heads_kv']}" + ("-group12" if "group" in case else "") +
+                        f"{case['heads_kv']}" + _group_tag(case) +
                         f"-{i}")
     return cases
 
@@ -96,14 +96,18 @@ def _decode_cases(world, gpu):
             for seqlen_q in (1, 2):
                 cases.append(dict(kind="decode", dtype=dtype, paged=paged, batch=4,
                                   seqlen_q=seqlen_q, heads_q=4, heads_kv=2, head_dim=head_dim))
-    if world == 3:
-        cases.append(dict(kind="decode", dtype=dtypes[0], paged=False, batch=2, seqlen_q=1,
-                          heads_q=2, heads_kv=1, head_dim=head_dim, group=[1, 2]))
+    cases.append(dict(kind="decode", dtype=dtypes[0], paged=False, batch=2, seqlen_q=1,
+                      heads_q=2, heads_kv=1, head_dim=head_dim,
+                      group=[1, 2] if world == 3 else [0]))
     for i, case in enumerate(cases):
         case["name"] = (f"decode-{case['dtype']}-{'paged' if case['paged'] else 'dense'}-"
-                        f"sq{case['seqlen_q']}" + ("-group12" if "group" in case else "") +
+                        f"sq{case['seqlen_q']}" + _group_tag(case) +
                         f"-{i}")
     return cases
+
+
+def _group_tag(case):
+    return "-group" + "".join(map(str, case["group"])) if "group" in case else ""
 
 
 def _members(case, world):
