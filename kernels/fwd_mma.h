@@ -210,7 +210,8 @@ template <int ROWS, int HEAD_DIM, int THREADS> struct paged_rows {
     int32_t page_size;
 
     /* (slot, row) + n rows, for 0 <= n <= page_size: at most one page boundary crossed. */
-    static __device__ __forceinline__ void advance(int64_t &s, int32_t &r, int32_t n, int32_t page_size)
+    template <typename Slot>
+    static __device__ __forceinline__ void advance(Slot &s, int32_t &r, int32_t n, int32_t page_size)
     {
         r += n;
         if (r >= page_size) {
@@ -219,7 +220,8 @@ template <int ROWS, int HEAD_DIM, int THREADS> struct paged_rows {
         }
     }
     /* Run k's row from the first run's (RUN_ROWS steps of 16; page_size >= 16). */
-    template <int N> static __device__ __forceinline__ void step_runs(int64_t &s, int32_t &r, int32_t page_size)
+    template <int N, typename Slot>
+    static __device__ __forceinline__ void step_runs(Slot &s, int32_t &r, int32_t page_size)
     {
 #pragma unroll
         for (int i = 0; i < N * RUN_ROWS / 16; i++)
@@ -244,15 +246,17 @@ template <int ROWS, int HEAD_DIM, int THREADS> struct paged_rows {
     {
         pages out;
         out.row = row;
-        const int64_t first_key = n_block * ROWS + tid / tile::CHUNKS;
-        int64_t s = slot;
-        int32_t r = row;
+        /* Keys of the sequence from this thread's first row on, clamped to the block
+         * (32-bit compares below); the run's rows ascend: none is valid past its first. */
+        const int64_t left = len_k - (n_block * ROWS + tid / tile::CHUNKS);
+        const int32_t keys_left = left < 0 ? 0 : left > ROWS ? ROWS : (int32_t)left;
+        const int32_t *entry = table + slot;
+        int32_t ds = 0, r = row; /* slots past `slot`, and the row, of each run */
 #pragma unroll
         for (int run = 0; run < RUNS; run++) {
             if (run > 0)
-                step_runs<1>(s, r, page_size);
-            /* The run's rows ascend: none is valid past its first. */
-            out.page[run] = first_key + run * RUN_ROWS < len_k ? table[s] : -1;
+                step_runs<1>(ds, r, page_size);
+            out.page[run] = run * RUN_ROWS < keys_left ? entry[ds] : -1;
         }
         slot += step_slot;
         advance(slot, row, step_row, page_size);
@@ -269,8 +273,7 @@ template <int ROWS, int HEAD_DIM, int THREADS> struct paged_rows {
         const int row0 = tid / tile::CHUNKS, chunk = tid % tile::CHUNKS;
         const T *nan_src = reinterpret_cast<const T *>(&nan_chunk);
         const T *zero_src = reinterpret_cast<const T *>(&zero_chunk);
-        int64_t unused_slot = 0;
-        int32_t r = at.row;
+        int32_t unused_slot = 0, r = at.row;
         const int valid_end = valid_rows < ROWS ? (int)valid_rows : ROWS; /* 32-bit row compares */
 #pragma unroll
         for (int run = 0; run < RUNS; run++) {
