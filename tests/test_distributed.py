@@ -444,9 +444,9 @@ def test_import_does_not_load_torch():
     assert run.returncode == 0 and "context_parallel_forward" in run.stdout, run.stderr
 
 
-def _partials(groups=3, dtype=torch.float32, seed=2):
+def _partials(groups=3, dtype=torch.float32, seed=2, head_dim=24):
     gen = torch.Generator().manual_seed(seed)
-    outs = torch.randn(groups, 2, 5, 3, 24, generator=gen).to(dtype)
+    outs = torch.randn(groups, 2, 5, 3, head_dim, generator=gen).to(dtype)
     lses = torch.randn(groups, 2, 3, 5, generator=gen) * 3
     lses[1, 0, 1, 2] = float("-inf")   # a partial with no key in a live row
     lses[:, 1, 2, 4] = float("-inf")   # a row with no key anywhere
@@ -498,15 +498,27 @@ def test_combine_views_not_copied():
     assert torch.equal(stacked[2].nan_to_num(), outs[1].nan_to_num())
 
 
+def _combine_device(name):
+    if name == "cpu":
+        return "cpu"
+    if not torch.cuda.is_available() or not fmha_native.info().get("devices"):
+        pytest.skip("no CUDA device for torch and fmha_native: the GPU combine did not run")
+    return "cuda"
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("head_dim", [24, 300])  # 300: more than one chunk of features
 @pytest.mark.parametrize("dtype", ["f32", "bf16"])
 @pytest.mark.parametrize("slot", [0, 2])
 @pytest.mark.parametrize("form", ["stacked", "list"])
-def test_combine_out_aliases_one_partial(dtype, slot, form):
-    outs, lses = _partials(dtype=DTYPES[dtype])
+def test_combine_out_aliases_one_partial(device, head_dim, dtype, slot, form):
+    device = _combine_device(device)
+    outs, lses = _partials(dtype=DTYPES[dtype], head_dim=head_dim)
+    outs, lses = outs.to(device), lses.to(device)
     expect_out, expect_lse = fmha_native.combine(outs.clone(), lses)
     work = outs.clone()
     target = work[slot]
-    lse = torch.empty(2, 3, 5)
+    lse = torch.empty(2, 3, 5, device=device)
     args = (work, lses) if form == "stacked" else (list(work.unbind(0)), list(lses.unbind(0)))
     out, lse_out = fmha_native.combine(*args, out=target, lse=lse)
     assert out is target and lse_out is lse
@@ -514,7 +526,7 @@ def test_combine_out_aliases_one_partial(dtype, slot, form):
     assert torch.equal(target.view(torch.int16 if dtype == "bf16" else torch.int32),
                        expect_out.view(torch.int16 if dtype == "bf16" else torch.int32))
     assert torch.equal(lse, expect_lse)
-    _close_to_reference(target, lse, outs, lses, dtype)
+    _close_to_reference(target.cpu(), lse.cpu(), outs.cpu(), lses.cpu(), dtype)
     # The other partials are untouched.
     for g in range(3):
         if g != slot:
