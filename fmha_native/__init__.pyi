@@ -3,6 +3,7 @@
 # producers are all accepted, and results come back as the caller's kind of array.
 from typing import Any, Literal, Optional, Sequence, Tuple, TypedDict, Union, final, overload
 
+from . import distributed as distributed
 from . import reference as reference
 
 __version__: str
