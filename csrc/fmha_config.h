@@ -124,6 +124,10 @@
  * balances long and short entries (packed prefill), and chunks only add partials and a
  * combine (and would take prefill off the sm90 kernel, which writes none). */
 #define FMHA_RAGGED_MAX_WAVES 2
+/* How much faster the sm90 kernel runs a key block than the tensor-core prefill tiles
+ * (a lower bound of the measured ratios, NOTES.md): a split plan, which only the old
+ * tiles can run, must model this much faster than the sm90 kernel unsplit. */
+#define FMHA_SM90_BLOCK_SPEEDUP 1.3
 /* Decode tiles: a plan with more splits than the best so far must model below
  * this fraction of its time to replace it.  The model counts a walker's key
  * blocks, but these tiles are bandwidth-bound once enough CTAs read and each

@@ -98,6 +98,15 @@ static int64_t split_pieces(const split_work *w, int64_t splits, int64_t chunk)
  * m->split_tie times it; ties go to more walkers per split, then to fewer
  * splits.  The constants were fit with benchmarks/sweep_splits.py.
  */
+/* The rule's modelled time of s splits of ws walkers each (chunk = ceil(key_blocks / s)). */
+static double split_cost(const split_work *w, const machine *m, int64_t s, int ws)
+{
+    const int64_t chunk = ceil_div(w->key_blocks, s);
+    const int64_t ctas = ceil_div(split_pieces(w, s, chunk) * ws, w->walkers);
+    const double cost = model_time(m, ctas, ceil_div(chunk, ws) + (s > 1 ? w->partial : 0));
+    return s > 1 ? cost / w->split_gain : cost;
+}
+
 static int split_search(const split_work *w, const machine *m, int *walkers_out)
 {
     int64_t limit = w->key_blocks < FMHA_MAX_HEURISTIC_SPLITS ? w->key_blocks
@@ -106,13 +115,9 @@ static int split_search(const split_work *w, const machine *m, int *walkers_out)
     double best_cost = DBL_MAX;
     for (int ws = w->walkers; ws >= 1; ws /= 2)
         for (int64_t s = 1; s <= (limit > 1 ? limit : 1); s++) {
-            const int64_t chunk = ceil_div(w->key_blocks, s);
-            if (ws > 1 && chunk < ws)
+            if (ws > 1 && ceil_div(w->key_blocks, s) < ws)
                 break; /* a walker with no block */
-            const int64_t ctas = ceil_div(split_pieces(w, s, chunk) * ws, w->walkers);
-            double cost = model_time(m, ctas, ceil_div(chunk, ws) + (s > 1 ? w->partial : 0));
-            if (s > 1)
-                cost /= w->split_gain;
+            const double cost = split_cost(w, m, s, ws);
             if (cost < best_cost * (s > best ? m->split_tie : 1.0)) {
                 best_cost = cost;
                 best = (int)s;
@@ -585,6 +590,20 @@ static void plan_kernel(const fmha_fwd_params *p, const fmha_target *t, int kern
     if (requested == 0 && !lengths_known && p->batch > 1 && (p->seqlens_k || p->cu_seqlens_k) &&
         unsplit_waves < FMHA_RAGGED_MAX_WAVES)
         plan_unseen_lengths(&w, &gpu, plan);
+    /* The sm90 kernel writes no partials: a split here hands the problem to the old
+     * tiles, slower per key block by FMHA_SM90_BLOCK_SPEEDUP, so split only when the
+     * model gains more than that (few tiles over long keys), else stay unsplit. */
+    if (kernel == FMHA_KERNEL_GPU_SM90 && requested == 0 && plan->num_splits > 1 &&
+        split_cost(&w, &gpu, 1, 1) <
+            FMHA_SM90_BLOCK_SPEEDUP * split_cost(&w, &gpu, plan->num_splits, plan->walkers_per_split)) {
+        plan->num_splits = 1;
+        plan->walkers_per_split = 1;
+        plan->split_blocks = 0;
+        plan->split.rule = FMHA_SPLITS_HEURISTIC;
+        plan->split.chunk = 0;
+        plan->split.waves = ceil_div(n_tiles, machine_slots(&gpu));
+        plan->split.busy = (double)n_tiles / (double)machine_slots(&gpu) / (double)plan->split.waves;
+    }
 }
 
 /*

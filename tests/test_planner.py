@@ -473,6 +473,22 @@ def test_packed_keys_split_as_a_ragged_batch():
     assert packed["split"]["total_blocks"] == cached["split"]["total_blocks"]
 
 
+def test_sm90_stays_unsplit_unless_a_split_gains_more_than_its_speed():
+    """(1,2,2,40000^2,64): 2 heads x 209 tiles of 192 rows = 418 CTAs, 3.2 waves of 132: the
+    split rule would cut it (wave quantization), which only the old tiles can run; by the
+    model a split gains at most ~1.03x, less than FMHA_SM90_BLOCK_SPEEDUP (1.3), so the sm90
+    kernel runs it unsplit.  (1,8,8,128,65536,128): 8 tiles on 132 SMs, 512 key blocks
+    each: splitting gains > 10x, so the old tiles split it."""
+    plan = plan_for(problem(batch=1, seqlen_q=40000, seqlen_k=40000, heads_q=2, heads_kv=2,
+                            head_dim=64), H100_SM90)
+    assert is_sm90(plan) and plan["num_splits"] == 1, plan["reason"]
+    assert plan["split"]["waves"] == 4, plan["split"]
+    long_keys = plan_for(problem(batch=1, seqlen_q=128, seqlen_k=65536, heads_q=8, heads_kv=8,
+                                 head_dim=128), H100_SM90)
+    assert long_keys["kernel"].startswith("fwd_mma<") and long_keys["num_splits"] > 8, \
+        long_keys["reason"]
+
+
 @pytest.mark.parametrize("causal", [False, True])
 def test_packed_prefill_of_ragged_lengths_stays_unsplit_on_sm90(causal):
     """Host key lengths that differ, on a prefill with many tiles: 4 x 32 query heads x
