@@ -10,6 +10,10 @@
 #   sass      cuobjdump the extension; HGMMA/HMMA/local-memory counts; unwritten policy registers
 #   tests     the whole pytest suite, GPU tests included (pytest_all.log; -n 8 when pytest-xdist is there)
 #   gputests  only tests/test_gpu.py and tests/test_gpu_parity.py (pytest_gpu.log)
+#   files     the GPU-touching test files listed in TEST_FILES (default: the serving, sm90,
+#             KV-cache, torch-op and GPU files), one pytest each under its own timeout
+#             (FILE_TIMEOUT, default 150 s), -v so a killed file still shows its results
+#             (pytest_<file>.log); CPU workers capped at 2 threads each
 #   check     only the GPU parity sweep, tests/test_gpu_parity.py (parity.log): the fast first look
 #   sanitize  compute-sanitizer memcheck on the parity subset `-k quick` (memcheck.log)
 #   bench     benchmarks/bench.py --varlen (bench.json, bench.png, bench.log; RESULTS tables in results_tables.md)
@@ -71,6 +75,18 @@ if has gputests; then
   python3 -m pytest -q -rs -p no:cacheprovider $xdist tests/test_gpu.py tests/test_gpu_parity.py \
     > "$OUT/pytest_gpu.log" 2>&1; note gputests $? "$OUT/pytest_gpu.log"
   grep -E "FAILED|ERROR|passed|failed|skipped in" "$OUT/pytest_gpu.log" | tail -15
+fi
+if has files; then
+  files=${TEST_FILES:-"test_gpu_sm90 test_varlen test_paged test_gpu_decode_graph test_torch_op test_gpu test_kvcache"}
+  for f in $files; do
+    start=$(date +%s)
+    FMHA_NUM_THREADS=2 timeout "${FILE_TIMEOUT:-150}" python3 -m pytest -v -rs -p no:cacheprovider $xdist \
+      "tests/$f.py" > "$OUT/pytest_$f.log" 2>&1
+    rc=$?; note "$f" $rc
+    echo "$f: rc=$rc $(( $(date +%s) - start )) s, $(grep -c ' PASSED' "$OUT/pytest_$f.log") passed," \
+         "$(grep -c ' SKIPPED' "$OUT/pytest_$f.log") skipped, $(grep -cE ' FAILED| ERROR' "$OUT/pytest_$f.log") failed"
+    grep -E "^FAILED|^ERROR|\] (FAILED|ERROR) " "$OUT/pytest_$f.log" | head -8
+  done
 fi
 if has oldkernel; then
   FMHA_GPU_PREFILL_KERNEL=mma python3 -m pytest -q -rs -p no:cacheprovider $xdist tests/test_gpu.py \
