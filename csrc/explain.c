@@ -562,6 +562,37 @@ static int get_int(PyObject *d, const char *what, const char *key, int64_t lo, i
     return 0;
 }
 
+/* problem[key], a list of `batch` ints in [0, hi]: their maximum and sum. */
+static int length_list(PyObject *list, const char *key, int64_t batch, int64_t hi, int64_t *longest,
+                       int64_t *total)
+{
+    char msg[64];
+    snprintf(msg, sizeof msg, "problem['%s'] must be a list of int", key);
+    PyObject *seq = PySequence_Fast(list, msg);
+    if (!seq)
+        return -1;
+    if (PySequence_Fast_GET_SIZE(seq) != batch) {
+        Py_DECREF(seq);
+        PyErr_Format(PyExc_ValueError, "problem['%s'] needs batch=%lld entries", key, (long long)batch);
+        return -1;
+    }
+    *longest = *total = 0;
+    for (Py_ssize_t i = 0; i < batch; i++) {
+        long long x = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(seq, i));
+        if ((x == -1 && PyErr_Occurred()) || x < 0 || x > hi) {
+            Py_DECREF(seq);
+            if (!PyErr_Occurred())
+                PyErr_Format(PyExc_ValueError, "problem['%s'] entries must be in 0..%lld", key,
+                             (long long)hi);
+            return -1;
+        }
+        *longest = x > *longest ? x : *longest;
+        *total += x;
+    }
+    Py_DECREF(seq);
+    return 0;
+}
+
 /* d[key] as a string copied into buf; `dflt` when absent. */
 static int get_str(PyObject *d, const char *key, const char *dflt, char *buf, size_t len)
 {
@@ -708,28 +739,11 @@ PyObject *fmha_explain_plan_for_device(PyObject *module, PyObject *args, PyObjec
             return PyErr_Format(PyExc_ValueError, "problem['seqlen_new'] must be at most seqlen_k");
         p.seqlen_k -= p.seqlen_new;
     } else if (lens) {
-        PyObject *seq = PySequence_Fast(lens, "problem['cache_seqlens'] must be a list of int");
-        if (!seq)
-            return NULL;
-        if (PySequence_Fast_GET_SIZE(seq) != p.batch) {
-            Py_DECREF(seq);
-            return PyErr_Format(PyExc_ValueError, "problem['cache_seqlens'] needs batch=%lld entries",
-                                (long long)p.batch);
-        }
         int64_t longest = 0, total = 0;
-        for (Py_ssize_t i = 0; i < p.batch; i++) {
-            long long x = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(seq, i));
-            if ((x == -1 && PyErr_Occurred()) || x < 0 || x + p.seqlen_new > p.seqlen_k) {
-                Py_DECREF(seq);
-                if (!PyErr_Occurred())
-                    PyErr_SetString(PyExc_ValueError, "problem['cache_seqlens'] entries must be in "
-                                                      "0..seqlen_k - seqlen_new");
-                return NULL;
-            }
-            longest = x > longest ? x : longest;
-            total += x + p.seqlen_new;
-        }
-        Py_DECREF(seq);
+        if (length_list(lens, "cache_seqlens", p.batch, p.seqlen_k - p.seqlen_new, &longest,
+                        &total) < 0)
+            return NULL;
+        total += p.batch * p.seqlen_new;
         p.seqlens_k = &present;
         p.seqlen_k = longest; /* as the binding layer plans: the longest length */
         p.total_keys = total;
@@ -769,27 +783,9 @@ PyObject *fmha_explain_plan_for_device(PyObject *module, PyObject *args, PyObjec
         serving.q_source = FMHA_LEN_GIVEN;
     }
     if (klens) {
-        PyObject *seq = PySequence_Fast(klens, "problem['seqlens_k'] must be a list of int");
-        if (!seq)
-            return NULL;
-        if (PySequence_Fast_GET_SIZE(seq) != p.batch) {
-            Py_DECREF(seq);
-            return PyErr_Format(PyExc_ValueError, "problem['seqlens_k'] needs batch=%lld entries",
-                                (long long)p.batch);
-        }
         int64_t longest = 0, total = 0;
-        for (Py_ssize_t i = 0; i < p.batch; i++) {
-            long long x = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(seq, i));
-            if ((x == -1 && PyErr_Occurred()) || x < 0 || x > big) {
-                Py_DECREF(seq);
-                if (!PyErr_Occurred())
-                    PyErr_SetString(PyExc_ValueError, "problem['seqlens_k'] entries must be >= 0");
-                return NULL;
-            }
-            longest = x > longest ? x : longest;
-            total += x;
-        }
-        Py_DECREF(seq);
+        if (length_list(klens, "seqlens_k", p.batch, big, &longest, &total) < 0)
+            return NULL;
         p.cu_seqlens_k = &present;
         p.seqlen_k = longest;
         p.total_k = total;
