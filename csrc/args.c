@@ -183,6 +183,72 @@ static int conv_max_seqlen_q(PyObject *obj, void *addr)
     return conv_opt_length(obj, "max_seqlen_q", addr);
 }
 
+/* window=(left, right): two ints >= -1 (-1 = unbounded), or None. */
+static int conv_window(PyObject *obj, void *addr)
+{
+    fmha_opt_window *w = addr;
+    w->given = 0;
+    w->left = w->right = -1;
+    if (obj == Py_None)
+        return 1;
+    if (!PyTuple_Check(obj) && !PyList_Check(obj)) {
+        PyErr_Format(PyExc_TypeError, "window must be a (left, right) tuple of ints or None, "
+                     "got %.200s", Py_TYPE(obj)->tp_name);
+        return 0;
+    }
+    if (PySequence_Size(obj) != 2) {
+        PyErr_Format(PyExc_ValueError, "window must be a (left, right) pair, got %zd values",
+                     PySequence_Size(obj));
+        return 0;
+    }
+    long long side[2];
+    for (int i = 0; i < 2; i++) {
+        PyObject *item = PySequence_GetItem(obj, i);
+        if (!item)
+            return 0;
+        int overflow;
+        int ok = index_value(item, "window", "a (left, right) tuple of ints", &side[i], &overflow);
+        Py_DECREF(item);
+        if (!ok)
+            return 0;
+        if (overflow > 0)
+            side[i] = LLONG_MAX / 4; /* beyond any sequence: unbounded in effect */
+        if (overflow < 0 || side[i] < -1) {
+            PyErr_Format(PyExc_ValueError, "window values must be >= -1 (-1 = unbounded), got %R",
+                         obj);
+            return 0;
+        }
+    }
+    w->given = 1;
+    w->left = side[0];
+    w->right = side[1];
+    return 1;
+}
+
+/* softcap=c: a real number, 0 (off) or positive and finite in float32. */
+static int conv_softcap(PyObject *obj, void *addr)
+{
+    double *out = addr;
+    if (PyBool_Check(obj)) {
+        PyErr_SetString(PyExc_TypeError, "softcap must be a real number (0 = off), got bool");
+        return 0;
+    }
+    double v = PyFloat_AsDouble(obj);
+    if (v == -1.0 && PyErr_Occurred()) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_TypeError, "softcap must be a real number (0 = off), got %.200s",
+                     Py_TYPE(obj)->tp_name);
+        return 0;
+    }
+    if (!(v >= 0.0) || !isfinite((float)v)) {
+        PyErr_Format(PyExc_ValueError, "softcap must be 0 (off) or positive and finite, got %R",
+                     obj);
+        return 0;
+    }
+    *out = v;
+    return 1;
+}
+
 /* ------------------------------------------------------------------------ */
 /* Specs                                                                     */
 /* ------------------------------------------------------------------------ */
@@ -223,6 +289,9 @@ static const fmha_arg forward_args[] = {
     FWD_ARG(CU_SEQLENS_Q, conv_object, cu_seqlens_q),
     FWD_ARG(CU_SEQLENS_K, conv_object, cu_seqlens_k),
     FWD_ARG(MAX_SEQLEN_Q, conv_max_seqlen_q, max_seqlen_q),
+    FWD_ARG(WINDOW, conv_window, window),
+    FWD_ARG(SOFTCAP, conv_softcap, softcap),
+    FWD_ARG(SINKS, conv_object, sinks),
 };
 #undef FWD_ARG
 static const fmha_arg_spec forward_spec = {
@@ -235,6 +304,7 @@ static const fmha_arg combine_args[] = {
     COMBINE_ARG(OUT, conv_object, out),
     COMBINE_ARG(LSE, conv_object, lse),
     COMBINE_ARG(STREAM, conv_stream, stream),
+    COMBINE_ARG(SINKS, conv_object, sinks),
 };
 #undef COMBINE_ARG
 static const fmha_arg_spec combine_spec = {
@@ -331,7 +401,8 @@ int fmha_parse_forward(const fmha_module_state *st, const char *fname, PyObject 
     memset(a, 0, sizeof *a);
     a->return_lse = 1;
     a->out = a->lse = a->cache_seqlens = a->k_new = a->v_new = Py_None;
-    a->block_table = a->cu_seqlens_q = a->cu_seqlens_k = Py_None;
+    a->block_table = a->cu_seqlens_q = a->cu_seqlens_k = a->sinks = Py_None;
+    a->window.left = a->window.right = -1;
     return parse_args(st, &forward_spec, fname, args, nargs, kwnames, a);
 }
 
@@ -339,6 +410,6 @@ int fmha_parse_combine(const fmha_module_state *st, PyObject *const *args, Py_ss
                        PyObject *kwnames, fmha_combine_args *a)
 {
     memset(a, 0, sizeof *a);
-    a->out = a->lse = Py_None;
+    a->out = a->lse = a->sinks = Py_None;
     return parse_args(st, &combine_spec, "combine", args, nargs, kwnames, a);
 }

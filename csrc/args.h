@@ -38,10 +38,17 @@ typedef struct fmha_opt_int {
     long long value;
 } fmha_opt_int;
 
+/* window= (None: unbounded both ways); values >= -1 (checked here), and
+ * with causal a right bound of 0 or -1 (validate.c). */
+typedef struct fmha_opt_window {
+    int given;
+    long long left, right;
+} fmha_opt_window;
+
 /* forward(q, k, v, *, causal, softmax_scale, num_splits, return_lse, out,
  * lse, device, stream, cache_seqlens, k_new, v_new, max_seqlen_k,
- * block_table, cu_seqlens_q, cu_seqlens_k, max_seqlen_q); explain takes the
- * same.
+ * block_table, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, window, softcap,
+ * sinks); explain takes the same.
  * Tensor arguments not given are Py_None. */
 typedef struct fmha_fwd_args {
     PyObject *q, *k, *v;
@@ -57,13 +64,17 @@ typedef struct fmha_fwd_args {
     PyObject *block_table;      /* paged KV cache */
     PyObject *cu_seqlens_q, *cu_seqlens_k; /* packed (varlen) sequences */
     fmha_opt_int max_seqlen_q;  /* longest query sequence of a packed batch */
+    fmha_opt_window window;     /* sliding window (left, right) */
+    double softcap;             /* >= 0, finite in float32; 0 = off */
+    PyObject *sinks;            /* float32 [heads_q] attention-sink logits */
 } fmha_fwd_args;
 
-/* combine(outs, lses, *, out, lse, stream) */
+/* combine(outs, lses, *, out, lse, stream, sinks) */
 typedef struct fmha_combine_args {
     PyObject *outs, *lses;
     PyObject *out, *lse;
     fmha_opt_stream stream;
+    PyObject *sinks;            /* float32 [heads], folded in after the merge */
 } fmha_combine_args;
 
 /* Parse a METH_FASTCALL | METH_KEYWORDS call of forward (fname "forward" or

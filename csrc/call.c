@@ -91,7 +91,7 @@ static void fwd_close(fmha_fwd_call *c)
     }
     fmha_tensor *views[] = {&c->t.q,     &c->t.k,     &c->t.v,           &c->t.out,
                             &c->t.lse,   &c->t.seqlens, &c->t.k_new,     &c->t.v_new,
-                            &c->t.block_table, &c->t.cu_q, &c->t.cu_k};
+                            &c->t.block_table, &c->t.cu_q, &c->t.cu_k, &c->t.sinks};
     for (size_t i = 0; i < sizeof views / sizeof views[0]; i++)
         fmha_tensor_close(views[i]);
     Py_CLEAR(c->out_obj);
@@ -119,6 +119,7 @@ static int fwd_open(fmha_module_state *st, fmha_fwd_call *c)
         {a->block_table, &c->t.block_table, "block_table", 0},
         {a->cu_seqlens_q, &c->t.cu_q, "cu_seqlens_q", 0},
         {a->cu_seqlens_k, &c->t.cu_k, "cu_seqlens_k", 0},
+        {a->sinks, &c->t.sinks, "sinks", 0},
     };
     size_t n = sizeof args / sizeof args[0];
     for (size_t i = 0; i < n; i++)
@@ -151,6 +152,12 @@ static void fwd_fill_problem(fmha_fwd_call *c)
     double scale = c->a.scale.given ? c->a.scale.value : 1.0 / sqrt((double)p->head_dim);
     p->softmax_scale = (float)scale;
     p->scale_log2 = (float)(scale * fmha_log2e);
+    p->window_left = c->a.window.given ? (int64_t)c->a.window.left : -1;
+    p->window_right = c->a.window.given ? (int64_t)c->a.window.right : -1;
+    p->softcap = (float)c->a.softcap;
+    /* Only its presence counts until fwd_fill_pointers points it at placed memory. */
+    static const float sinks_present = 0.0f;
+    p->sinks = c->t.sinks.present ? &sinks_present : NULL;
     p->seqlen_new = c->append ? g->seqlen_new : 0;
     p->total_q = g->varlen_q ? g->total_q : 0;
     p->total_k = g->varlen_k ? g->total_k : 0;
@@ -397,7 +404,7 @@ static int fwd_place_memory(const fmha_module_state *st, fmha_fwd_call *c)
 {
     fmha_tensor *inputs[] = {&c->t.q,       &c->t.k,           &c->t.v,    &c->t.k_new,
                              &c->t.v_new,   &c->t.seqlens,     &c->t.cu_q, &c->t.cu_k,
-                             &c->t.block_table};
+                             &c->t.block_table, &c->t.sinks};
     fmha_tensor *outputs[] = {&c->t.out, &c->t.lse};
     if (c->backend == FMHA_BACKEND_CPU) {
         for (size_t i = 0; i < sizeof inputs / sizeof inputs[0]; i++)
@@ -456,6 +463,7 @@ static void fwd_fill_pointers(fmha_fwd_call *c)
     p->cu_seqlens_k = t->cu_k.present ? (const int32_t *)t->cu_k.data : NULL;
     p->block_table = t->block_table.present ? (const int32_t *)t->block_table.data : NULL;
     p->block_table_stride = t->block_table.present ? t->block_table.strides[0] : 0;
+    p->sinks = t->sinks.present ? (const float *)t->sinks.data : NULL;
     if (c->append) {
         p->k_new = t->k_new.data;
         p->v_new = t->v_new.data;
@@ -517,7 +525,9 @@ static PyObject *fwd_run(fmha_module_state *st, fmha_fwd_call *c)
     }
     if (fwd_outputs(st, c) < 0)
         return NULL;
-    if (!c->empty && c->p.seqlen_k == 0 && !c->t.out.on_gpu) {
+    /* No keys at all: (0, -inf) everywhere, written here; with sinks each row's lse is its
+     * head's sink, which the backend writes. */
+    if (!c->empty && c->p.seqlen_k == 0 && !c->t.out.on_gpu && !c->t.sinks.present) {
         fill_no_keys(c);
     } else if (!c->empty) {
         if (fwd_place_memory(st, c) < 0)
@@ -602,6 +612,7 @@ static void combine_fill(const fmha_combine_views *t, void *stream, fmha_combine
     cp->lse_batch_stride = t->lse.strides[0];
     cp->lse_head_stride = t->lse.strides[1];
     cp->lse_row_stride = t->lse.strides[2];
+    cp->sinks = t->sinks.present ? (const float *)t->sinks.data : NULL;
     cp->stream = stream;
     cp->device = t->outs.device_id;
     cp->num_threads = 0;
@@ -619,16 +630,24 @@ PyObject *fmha_call_combine(PyObject *module, PyObject *const *args, Py_ssize_t 
     fmha_tensor_init(&t.lses, "lses");
     fmha_tensor_init(&t.out, "out");
     fmha_tensor_init(&t.lse, "lse");
+    fmha_tensor_init(&t.sinks, "sinks");
     if (fmha_parse_combine(st, args, nargs, kwnames, &a) < 0)
         goto done;
     fmha_open_ctx_init(&ctx, st, a.stream.handle);
     if (fmha_tensor_open(a.outs, 0, &ctx, &t.outs) < 0 ||
         fmha_tensor_open(a.lses, 0, &ctx, &t.lses) < 0 ||
         (a.out != Py_None && fmha_tensor_open(a.out, FMHA_OPEN_WRITE, &ctx, &t.out) < 0) ||
-        (a.lse != Py_None && fmha_tensor_open(a.lse, FMHA_OPEN_WRITE, &ctx, &t.lse) < 0))
+        (a.lse != Py_None && fmha_tensor_open(a.lse, FMHA_OPEN_WRITE, &ctx, &t.lse) < 0) ||
+        (a.sinks != Py_None && fmha_tensor_open(a.sinks, 0, &ctx, &t.sinks) < 0))
         goto done;
     if (fmha_validate_combine(&t) < 0)
         goto done;
+    if (t.sinks.present && t.outs.on_gpu) {
+        /* The GPU combine kernel does not fold sinks yet (issue 21). */
+        PyErr_SetString(PyExc_NotImplementedError, "sinks are not supported by the GPU combine "
+                        "yet; combine host arrays (the CPU backend folds the sinks in)");
+        goto done;
+    }
 
     int on_gpu = t.outs.on_gpu, device = t.outs.device_id;
     int64_t batch = t.outs.shape[1], seqlen_q = t.outs.shape[2], heads = t.outs.shape[3];
@@ -644,7 +663,8 @@ PyObject *fmha_call_combine(PyObject *module, PyObject *const *args, Py_ssize_t 
         if (fmha_tensor_host_prepare(&t.outs, 1, 1) < 0 ||
             fmha_tensor_host_prepare(&t.lses, 0, 1) < 0 ||
             fmha_tensor_host_prepare(&t.out, 1, 0) < 0 ||
-            fmha_tensor_host_prepare(&t.lse, 0, 0) < 0)
+            fmha_tensor_host_prepare(&t.lse, 0, 0) < 0 ||
+            (t.sinks.present && fmha_tensor_host_prepare(&t.sinks, 1, 1) < 0))
             goto done;
         fmha_combine_params cp;
         combine_fill(&t, ctx.stream, &cp);
@@ -668,6 +688,7 @@ done:
     fmha_tensor_close(&t.lses);
     fmha_tensor_close(&t.out);
     fmha_tensor_close(&t.lse);
+    fmha_tensor_close(&t.sinks);
     Py_XDECREF(out_obj);
     Py_XDECREF(lse_obj);
     return result;

@@ -249,9 +249,11 @@ typedef struct combine_job {
 } combine_job;
 
 /*
- * out = sum_g w_g o_g with w_g = exp(lse_g - lse_max) / sum_g' exp(lse_g' - lse_max),
- * lse = lse_max + log(sum), in split order.  Splits with lse = -inf add
- * nothing; all -inf gives (0, -inf); a NaN lse makes the row NaN.
+ * out = sum_g w_g o_g with w_g = exp(lse_g - M) / (sum_g' exp(lse_g' - M) + exp(sink - M)),
+ * lse = M + log(that sum), M the largest of the lse_g and the sink, in split order
+ * (no sinks: sink = -inf, the plain merge).  Splits with lse = -inf add nothing;
+ * all -inf gives (0, sink), i.e. (0, -inf) without sinks; a NaN lse or sink makes
+ * the row NaN.
  */
 static void combine_row(const fmha_combine_params *c, int64_t b, int64_t i, int64_t h)
 {
@@ -260,7 +262,8 @@ static void combine_row(const fmha_combine_params *c, int64_t b, int64_t i, int6
     int64_t out_off = b * c->o_batch_stride + i * c->o_row_stride + h * c->o_head_stride;
     int64_t op_off = b * c->op_batch_stride + i * c->op_row_stride + h * c->op_head_stride;
     double lse_max = -INFINITY;
-    int has_nan = 0;
+    const double sink = c->sinks ? (double)c->sinks[h] : -INFINITY;
+    int has_nan = sink != sink;
     for (int64_t g = 0; g < c->num_splits; g++) {
         double x = lp[g * c->lp_split_stride];
         if (x != x)
@@ -268,6 +271,8 @@ static void combine_row(const fmha_combine_params *c, int64_t b, int64_t i, int6
         else if (x > lse_max)
             lse_max = x;
     }
+    if (sink > lse_max)
+        lse_max = sink;
     float lse;
     if (has_nan || lse_max == -INFINITY) {
         float fill = has_nan ? NAN : 0.0f;
@@ -281,6 +286,8 @@ static void combine_row(const fmha_combine_params *c, int64_t b, int64_t i, int6
             if (x != -INFINITY)
                 sum += exp(x - lse_max);
         }
+        if (sink != -INFINITY)
+            sum += exp(sink - lse_max);
         float acc[FMHA_CPU_COMBINE_CHUNK];
         for (int64_t d0 = 0; d0 < c->head_dim; d0 += FMHA_CPU_COMBINE_CHUNK) {
             int64_t nd = min64(FMHA_CPU_COMBINE_CHUNK, c->head_dim - d0);
@@ -432,6 +439,8 @@ typedef struct fwd_job {
     int64_t chunks;      /* work items per (batch, unit, split): of the longest sequence */
     int64_t splits;
     int64_t kv_ld;       /* floats between rows of the fp32 K/V blocks */
+    int64_t win_right;   /* keys a row sees past its position (-1 = all; 0 when causal) */
+    float softcap_log2;  /* softcap in the log2 domain of the scores (0 = off) */
     float *o_accum;      /* split partials, NULL when num_splits == 1 */
     float *lse_accum;
     int64_t acc_rows;         /* query rows of one split of o_accum */
@@ -446,7 +455,8 @@ typedef struct fwd_scratch {
     float *ot;       /* [chunk_tiles][head_dim][tile_rows] O accumulator, transposed */
     float *m, *l;    /* [chunk_tiles][tile_rows] running max (log2 domain) and sum */
     float *alpha;    /* [tile_rows] rescale of the current step */
-    float *limit;    /* [tile_rows] causal limit relative to the current key block */
+    float *limit;    /* [tile_rows] last visible key relative to the current key block */
+    float *first;    /* [tile_rows] first visible key relative to the current key block */
     float *st;       /* [block_n][tile_rows] scores, then probabilities */
     float *kbuf;     /* [block_n][kv_ld] K block in fp32 */
     float *vbuf;     /* [block_n][kv_ld] V block in fp32 */
@@ -454,6 +464,9 @@ typedef struct fwd_scratch {
     int64_t *lim;    /* [chunk_tiles][tile_rows] last key each row sees */
     int64_t *lim_lo; /* [chunk_tiles] smallest / largest lim of the tile's rows */
     int64_t *lim_hi;
+    int64_t *low;    /* [chunk_tiles][tile_rows] first key each row sees (a window's left) */
+    int64_t *low_lo; /* [chunk_tiles] smallest / largest low of the tile's rows */
+    int64_t *low_hi;
 } fwd_scratch;
 
 static size_t align_up(size_t n)
@@ -481,6 +494,7 @@ static size_t scratch_layout(const fwd_job *job, unsigned char *base, fwd_scratc
     FMHA_CARVE(l, float, ct * tr);
     FMHA_CARVE(alpha, float, tr);
     FMHA_CARVE(limit, float, tr);
+    FMHA_CARVE(first, float, tr);
     FMHA_CARVE(st, float, bn * tr);
     FMHA_CARVE(kbuf, float, bn * (size_t)job->kv_ld);
     FMHA_CARVE(vbuf, float, bn * (size_t)job->kv_ld);
@@ -488,6 +502,9 @@ static size_t scratch_layout(const fwd_job *job, unsigned char *base, fwd_scratc
     FMHA_CARVE(lim, int64_t, ct * tr);
     FMHA_CARVE(lim_lo, int64_t, ct);
     FMHA_CARVE(lim_hi, int64_t, ct);
+    FMHA_CARVE(low, int64_t, ct * tr);
+    FMHA_CARVE(low_lo, int64_t, ct);
+    FMHA_CARVE(low_hi, int64_t, ct);
 #undef FMHA_CARVE
     return off;
 }
@@ -556,7 +573,7 @@ static int64_t row_head(const fwd_job *job, int64_t unit, int64_t row)
 }
 
 /* Final state of one row (its normalised fp32 values): out/lse, or the split's fp32 partial. */
-static void write_row(const fwd_job *job, const float *vals, float m, float l, int64_t b,
+static void write_row(const fwd_job *job, float *vals, float m, float l, int64_t b,
                       int64_t i, int64_t h, int64_t split)
 {
     const fmha_fwd_params *p = job->p;
@@ -564,6 +581,27 @@ static void write_row(const fwd_job *job, const float *vals, float m, float l, i
     size_t row_bytes = (size_t)p->head_dim * sizeof(float);
     /* A row that saw no key is (0, -inf), never 0/0. */
     float lse = l == 0.0f ? -INFINITY : (float)((double)m * FMHA_LN2 + log((double)l));
+    if (p->sinks && !job->o_accum) {
+        /* Unsplit: fold the sink in here (split partials never hold it: the combine
+         * folds it after the merge).  vals is normalised by sum_j e^{s_j}; the sink
+         * scales it by that sum over the sum with e^{sink} added. */
+        double lse0 = lse, sink = p->sinks[h], total;
+        float scale;
+        if (lse0 != lse0 || sink != sink) {
+            total = NAN;
+            scale = NAN;
+        } else if (lse0 == -INFINITY) {
+            total = sink;
+            scale = 0.0f;
+        } else {
+            double mx = lse0 > sink ? lse0 : sink;
+            total = mx + log(exp(lse0 - mx) + exp(sink - mx));
+            scale = (float)exp(lse0 - total);
+        }
+        for (int64_t d = 0; d < p->head_dim; d++)
+            vals[d] *= scale;
+        lse = (float)total;
+    }
     if (job->o_accum) {
         int64_t row = split * job->acc_rows + g->acc_row + i;
         memcpy(job->o_accum + (row * p->heads_q + h) * p->head_dim, vals, row_bytes);
@@ -665,24 +703,34 @@ static void fwd_item(void *ctx, int64_t item, int worker)
         return;
     }
     int64_t len = g->len_k;
+    int64_t shift = len - g->len_q; /* query i sits at key position i + shift (fmha.h) */
+    int64_t left = p->window_left;
+    /*
+     * The splits share the key blocks the sequence's rows can see at all: from the first
+     * row's window start (a left bound hides the blocks before it from every row) to the
+     * end.  The range depends on the sequence only, so a row's result does not depend on
+     * the other rows (DESIGN.md, forced num_splits).
+     */
+    int64_t blk_lo = left < 0 ? 0 : max64(0, shift - left) / bn;
     int64_t nblk = ceil_div(len, bn);
-    int64_t per = ceil_div(nblk, job->splits);
-    int64_t kb0 = min64(split * per, nblk);
+    blk_lo = min64(blk_lo, nblk);
+    int64_t per = ceil_div(nblk - blk_lo, job->splits);
+    int64_t kb0 = blk_lo + min64(split * per, nblk - blk_lo);
     int64_t kb1 = min64(kb0 + per, nblk);
-    int64_t causal_shift = len - g->len_q; /* row i sees key j iff j <= i + causal_shift */
     int64_t kvh = job->pack > 1 ? unit : unit / job->group;
 
     int64_t tiles = ceil_div(rows, tr);
-    int64_t chunk_hi = INT64_MIN;
+    int64_t chunk_hi = INT64_MIN, chunk_low = INT64_MAX;
     size_t es = dtype_size(p->dtype);
 
     for (int64_t t = 0; t < tiles; t++) {
-        int64_t lo = INT64_MAX, hi = INT64_MIN;
+        int64_t lo = INT64_MAX, hi = INT64_MIN, low_lo = INT64_MAX, low_hi = INT64_MIN;
         for (int64_t r = 0; r < tr; r++) {
             int64_t row = r0 + t * tr + r;
             if (row >= r0 + rows) {
                 memset(s.rows + r * hd, 0, (size_t)hd * sizeof(float));
                 s.lim[t * tr + r] = -1;
+                s.low[t * tr + r] = 0;
                 continue;
             }
             int64_t i = row / job->pack;
@@ -691,15 +739,24 @@ static void fwd_item(void *ctx, int64_t item, int worker)
                           h * p->q_head_stride;
             kern->widen(s.rows + r * hd, 0, (const unsigned char *)p->q + (size_t)off * es, 1, 0,
                         hd, p->dtype);
-            int64_t lim = p->causal ? i + causal_shift : len - 1;
+            /* Keys [low, lim] are visible (fmha.h); none when low > lim. */
+            int64_t pos = i + shift;
+            int64_t lim = job->win_right < 0 ? len - 1 : min64(len - 1, pos + job->win_right);
+            int64_t low = left < 0 ? 0 : max64(0, pos - left);
             s.lim[t * tr + r] = lim;
+            s.low[t * tr + r] = low;
             lo = min64(lo, lim);
             hi = max64(hi, lim);
+            low_lo = min64(low_lo, low);
+            low_hi = max64(low_hi, low);
         }
         kern->load_q(s.qt + t * hd * tr, s.rows, hd, p->scale_log2);
         s.lim_lo[t] = lo;
         s.lim_hi[t] = hi;
+        s.low_lo[t] = low_lo;
+        s.low_hi[t] = low_hi;
         chunk_hi = max64(chunk_hi, hi);
+        chunk_low = min64(chunk_low, low_lo);
         for (int64_t r = 0; r < tr; r++) {
             s.m[t * tr + r] = -INFINITY;
             s.l[t * tr + r] = 0.0f;
@@ -708,28 +765,40 @@ static void fwd_item(void *ctx, int64_t item, int worker)
     }
 
     /* Keys from key_end on are never read (an out-of-range page); blocks past every
-     * row's last visible key are skipped (no state change). */
+     * row's last visible key, or before every row's first (a window), are skipped (no
+     * state change), so the work grows with the window, not with the keys. */
     int64_t key_end = g->key_end;
     int64_t kb_end = min64(kb1, ceil_div(key_end, bn));
-    if (p->causal)
-        kb_end = chunk_hi < 0 ? kb0 : min64(kb_end, chunk_hi / bn + 1);
+    kb_end = chunk_hi < 0 ? kb0 : min64(kb_end, chunk_hi / bn + 1);
+    int64_t kb_start = max64(kb0, chunk_low / bn);
 
-    for (int64_t kb = kb0; kb < kb_end; kb++) {
+    for (int64_t kb = kb_start; kb < kb_end; kb++) {
         int64_t n0 = kb * bn;
         int64_t nb = min64(bn, key_end - n0);
         load_kv(job, &s, b, g, kvh, n0, nb);
         for (int64_t t = 0; t < tiles; t++) {
-            if (s.lim_hi[t] < n0)
+            if (s.lim_hi[t] < n0 || s.low_lo[t] > n0 + nb - 1)
                 continue;
             float *m = s.m + t * tr, *l = s.l + t * tr;
             float *ot = s.ot + t * hd * tr;
             kern->gemm(s.qt + t * hd * tr, hd, s.kbuf, job->kv_ld, 1, nb, s.st, NULL);
-            if (s.lim_lo[t] < n0 + nb - 1) {
+            if (job->softcap_log2 > 0.0f) {
+                /* c tanh(s / c) on the natural-log score is c' tanh(s' / c') on its log2
+                 * form s' = s log2(e), with c' = c log2(e); masking comes after, so a
+                 * masked score stays -inf. */
+                const float c = job->softcap_log2, inv = 1.0f / job->softcap_log2;
+                for (int64_t e = 0; e < nb * tr; e++)
+                    s.st[e] = c * tanhf(s.st[e] * inv);
+            }
+            /* Per-element masking only on a boundary block of some row. */
+            if (s.lim_lo[t] < n0 + nb - 1 || s.low_hi[t] > n0) {
                 for (int64_t r = 0; r < tr; r++) {
                     int64_t rel = s.lim[t * tr + r] - n0;
+                    int64_t rel_low = s.low[t * tr + r] - n0;
                     s.limit[r] = (float)(rel < -1 ? -1 : rel > bn ? bn : rel);
+                    s.first[r] = (float)(rel_low < 0 ? 0 : rel_low > bn ? bn : rel_low);
                 }
-                kern->mask(s.st, nb, s.limit);
+                kern->mask(s.st, nb, s.first, s.limit);
             }
             kern->softmax(s.st, nb, m, l, s.alpha);
             kern->gemm(s.st, nb, s.vbuf, 1, job->kv_ld, hd, ot, s.alpha);
@@ -745,7 +814,7 @@ static void fwd_item(void *ctx, int64_t item, int worker)
             float *vals = s.rows + r * hd;
             float m = s.m[t * tr + r], l = s.l[t * tr + r];
             /* Every split marks such a row, so the merge keeps it NaN. */
-            if (s.lim[t * tr + r] >= key_end) {
+            if (s.lim[t * tr + r] >= key_end && s.low[t * tr + r] <= s.lim[t * tr + r]) {
                 for (int64_t d = 0; d < hd; d++)
                     vals[d] = NAN;
                 m = l = NAN;
@@ -764,8 +833,11 @@ static fmha_status validate(const fmha_fwd_params *p)
         return FMHA_ERR_INVALID;
     if (!dtype_valid(p->dtype))
         return FMHA_ERR_INVALID;
-    if (p->head_dim < 1 || p->head_dim > FMHA_CPU_MAX_HEAD_DIM)
+    if (p->head_dim < 1 || p->head_dim > FMHA_CPU_HEAD_DIM_LIMIT)
         return FMHA_ERR_UNSUPPORTED;
+    if (p->window_left < -1 || p->window_right < -1 || !(p->softcap >= 0.0f) ||
+        !isfinite(p->softcap))
+        return FMHA_ERR_INVALID;
     if (p->num_splits < 1 || p->num_splits > FMHA_MAX_SPLITS || p->block_n < 1 ||
         p->block_n > FMHA_CPU_MAX_BLOCK_N)
         return FMHA_ERR_INVALID;
@@ -891,6 +963,8 @@ fmha_status fmha_cpu_fwd(fmha_fwd_params *p)
     /* Rows of whole cache lines plus one, so a column walk spreads over the L1 sets. */
     job.kv_ld = ceil_div(p->head_dim, FMHA_CPU_LINE_FLOATS) * FMHA_CPU_LINE_FLOATS +
                 FMHA_CPU_LINE_FLOATS;
+    job.win_right = fmha_window_right(p);
+    job.softcap_log2 = (float)((double)p->softcap * 1.4426950408889634);
 
     int64_t tr = job.kern->tile_rows;
     int64_t unit_tiles = 0, sum_tiles = 0;
@@ -959,6 +1033,7 @@ fmha_status fmha_cpu_fwd(fmha_fwd_params *p)
         c.lse_row_stride = p->lse_row_stride;
         c.cu_seqlens_q = p->cu_seqlens_q;
         c.total_q = p->total_q;
+        c.sinks = p->sinks; /* the partials hold no sink: it is folded in after the merge */
         c.num_threads = p->num_threads;
         /* Sized before the producers run, so running out of memory leaves no half result. */
         int64_t citems;

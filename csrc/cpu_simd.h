@@ -6,7 +6,7 @@
  * "scalar" vector of plain floats), the fast exp2, and the kernels the tile
  * loop in cpu_fwd.c calls through an fmha_cpu_kernels table:
  *   gemm             C^T += A^T * B: the score (S = Q K^T) and P V products
- *   mask             causal mask of a score tile
+ *   mask             causal / window mask of a score tile
  *   softmax          one online-softmax step over a score tile
  *   load_q, store_o  a tile's rows into and out of the lanes (8 x 8 transposes)
  *   widen            rows of any dtype to fp32 (K/V blocks, query rows)
@@ -85,8 +85,9 @@ typedef struct fmha_cpu_kernels {
      */
     void (*gemm)(const float *a, int64_t depth, const float *b, int64_t b_col, int64_t b_depth,
                  int64_t cols, float *c, const float *alpha);
-    /* s[n][r] = -inf where n > limit[r], for n < keys (limit relative to the tile's first key). */
-    void (*mask)(float *s, int64_t keys, const float *limit);
+    /* s[n][r] = -inf where n < first[r] or n > limit[r], for n < keys (both relative to
+     * the block's first key: a window's start and the last visible key). */
+    void (*mask)(float *s, int64_t keys, const float *first, const float *limit);
     /*
      * Online-softmax step over s[n][:] (n < keys, scores already in the log2
      * domain): m = max(m, max_n s), s = exp2(s - m), l = l * alpha + sum_n s,
@@ -477,17 +478,21 @@ FMHA_TARGET static void FMHA_SFX(fmha_gemm)(const float *a, int64_t depth, const
     }
 }
 
-FMHA_TARGET static void FMHA_SFX(fmha_mask)(float *s, int64_t keys, const float *limit)
+FMHA_TARGET static void FMHA_SFX(fmha_mask)(float *s, int64_t keys, const float *first,
+                                            const float *limit)
 {
     FMHA_VEC neg_inf = FMHA_V_SET1(-INFINITY);
-    FMHA_VEC lim[FMHA_CPU_ROW_VECS];
-    for (int r = 0; r < FMHA_CPU_ROW_VECS; r++)
+    FMHA_VEC lim[FMHA_CPU_ROW_VECS], low[FMHA_CPU_ROW_VECS];
+    for (int r = 0; r < FMHA_CPU_ROW_VECS; r++) {
         lim[r] = FMHA_V_LOAD(limit + r * FMHA_LANES);
+        low[r] = FMHA_V_LOAD(first + r * FMHA_LANES);
+    }
     for (int64_t n = 0; n < keys; n++) {
         FMHA_VEC key = FMHA_V_SET1((float)n);
         for (int r = 0; r < FMHA_CPU_ROW_VECS; r++) {
             float *sp = s + n * FMHA_TILE_ROWS + r * FMHA_LANES;
-            FMHA_V_STORE(sp, FMHA_V_SELECT_GT(key, lim[r], FMHA_V_LOAD(sp), neg_inf));
+            FMHA_VEC x = FMHA_V_SELECT_GT(key, lim[r], FMHA_V_LOAD(sp), neg_inf);
+            FMHA_V_STORE(sp, FMHA_V_SELECT_GT(low[r], key, x, neg_inf));
         }
     }
 }

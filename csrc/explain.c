@@ -31,7 +31,26 @@ static const char *dtype_name(int64_t dt)
 }
 
 static const char *const gate_names[FMHA_GATE_COUNT] = {"device", "arch", "dtype", "head_dim",
-                                                        "alignment"};
+                                                        "alignment", "features"};
+
+/* "window, softcap and sinks" for the FMHA_FEATURE_* bits in f ("none" for 0). */
+static void feature_names(int64_t f, char *buf, size_t len)
+{
+    static const char *const names[] = {"window", "softcap", "sinks"};
+    const char *picked[3];
+    int n = 0;
+    for (int i = 0; i < 3; i++)
+        if (f & (1 << i))
+            picked[n++] = names[i];
+    if (n == 0)
+        snprintf(buf, len, "none");
+    else if (n == 1)
+        snprintf(buf, len, "%s", picked[0]);
+    else if (n == 2)
+        snprintf(buf, len, "%s and %s", picked[0], picked[1]);
+    else
+        snprintf(buf, len, "%s, %s and %s", picked[0], picked[1], picked[2]);
+}
 
 static const char *plural(int64_t n) { return n == 1 ? "" : "s"; }
 
@@ -94,6 +113,15 @@ static void gate_why(const fmha_plan *plan, const fmha_target *t, const fmha_gat
                                         "multiples of 8 elements): those tensors are first copied "
                                         "to aligned scratch on the GPU");
         return;
+    case FMHA_GATE_FEATURES:
+        feature_names(g->a, dims, sizeof dims);
+        if (g->met)
+            snprintf(buf, len, "no window, softcap or sinks asked for (the GPU kernels have none "
+                     "of them yet)");
+        else
+            snprintf(buf, len, "%s asked for: the GPU kernels do not have %s yet", dims,
+                     (g->a & (g->a - 1)) ? "them" : "it");
+        return;
     default:
         snprintf(buf, len, "?");
     }
@@ -129,6 +157,11 @@ static void requirement(const fmha_plan *plan, const fmha_target *t, const fmha_
             snprintf(buf, len, "head_dim %lld is not supported by the GPU kernels (they cover %s)",
                      (long long)g->a, dims);
         }
+        return;
+    case FMHA_GATE_FEATURES:
+        feature_names(g->a, dims, sizeof dims);
+        snprintf(buf, len, "%s %s not supported by the GPU kernels yet", dims,
+                 (g->a & (g->a - 1)) ? "are" : "is");
         return;
     default:
         gate_why(plan, t, g, buf, len);
@@ -253,6 +286,8 @@ static PyObject *split_dict(const fmha_plan *plan)
     if (fmha_dict_set(d, "rule", PyUnicode_FromString(rules[w->rule])) < 0 ||
         fmha_dict_set(d, "tiles", PyLong_FromLongLong(w->tiles)) < 0 ||
         fmha_dict_set(d, "key_blocks", PyLong_FromLongLong(w->key_blocks)) < 0 ||
+        (w->all_key_blocks > 0 &&
+         fmha_dict_set(d, "all_key_blocks", PyLong_FromLongLong(w->all_key_blocks)) < 0) ||
         fmha_dict_set(d, "units", PyLong_FromLongLong(w->units)) < 0 ||
         fmha_dict_set(d, "slots", PyLong_FromLongLong(w->slots)) < 0 ||
         (w->rule == FMHA_SPLITS_HEURISTIC &&
@@ -329,8 +364,15 @@ static void plan_reason(const fmha_fwd_params *p, const fmha_plan *plan, const f
     }
     split_text(plan, why, sizeof why);
     if (plan->backend == FMHA_BACKEND_CPU) {
-        snprintf(buf, len, "CPU: %dx%d tiles on %lld threads; %s", plan->block_m, plan->block_n,
-                 (long long)plan->split.units, why);
+        char window[200] = "";
+        const fmha_split_why *w = &plan->split;
+        if (w->all_key_blocks > w->key_blocks)
+            snprintf(window, sizeof window, "; the window leaves a tile at most %lld of %lld key "
+                     "blocks (it skips at least %lld; splits count the visible ones)",
+                     (long long)w->key_blocks, (long long)w->all_key_blocks,
+                     (long long)(w->all_key_blocks - w->key_blocks));
+        snprintf(buf, len, "CPU: %dx%d tiles on %lld threads; %s%s", plan->block_m, plan->block_n,
+                 (long long)plan->split.units, why, window);
     } else if (plan->kernel_id == FMHA_KERNEL_GPU_SM90) {
         snprintf(buf, len, "Hopper prefill%s: warp-specialized TMA + wgmma tiles %dx%d (a producer "
                  "warp, %d consumer warp groups %s), one CTA per SM; %s",
@@ -445,6 +487,20 @@ static int serving_dict(PyObject *d, const fmha_explain_serving *sv)
     return 0;
 }
 
+/* window ((left, right) with causal's right bound applied, or None), softcap, sinks. */
+static int features_dict(PyObject *d, const fmha_fwd_params *p)
+{
+    const int windowed = fmha_features(p) & FMHA_FEATURE_WINDOW;
+    PyObject *window = windowed ? Py_BuildValue("(LL)", (long long)p->window_left,
+                                                (long long)fmha_window_right(p))
+                                : (Py_INCREF(Py_None), Py_None);
+    if (fmha_dict_set(d, "window", window) < 0 ||
+        fmha_dict_set(d, "softcap", PyFloat_FromDouble(p->softcap)) < 0 ||
+        fmha_dict_set(d, "sinks", PyBool_FromLong(p->sinks != NULL)) < 0)
+        return -1;
+    return 0;
+}
+
 PyObject *fmha_explain_dict(const fmha_explain_input *in)
 {
     const fmha_fwd_params *p = in->p;
@@ -507,7 +563,7 @@ PyObject *fmha_explain_dict(const fmha_explain_input *in)
         fmha_dict_set(d, "kv_cache", PyBool_FromLong(in->kv_cache)) < 0 ||
         fmha_dict_set(d, "seqlen_new", PyLong_FromLongLong(p->seqlen_new)) < 0 ||
         fmha_dict_set(d, "length_independent", PyBool_FromLong(in->length_independent)) < 0 ||
-        serving_dict(d, &in->serving) < 0)
+        serving_dict(d, &in->serving) < 0 || features_dict(d, p) < 0)
         goto fail;
     if (gpu && t->device) {
         if (fmha_dict_set(d, "device", PyUnicode_FromString(t->device->name)) < 0 ||
@@ -702,8 +758,9 @@ PyObject *fmha_explain_plan_for_device(PyObject *module, PyObject *args, PyObjec
     const int64_t big = (int64_t)1 << 40;
     fmha_fwd_params p;
     memset(&p, 0, sizeof p);
-    int64_t causal = 0, misaligned = 0;
+    int64_t causal = 0, misaligned = 0, softcap = 0, sinks = 0;
     char dtype[32];
+    p.window_left = p.window_right = -1;
     if (get_int(prob, "problem", "batch", 1, big, -1, &p.batch) < 0 ||
         get_int(prob, "problem", "seqlen_q", 1, big, -1, &p.seqlen_q) < 0 ||
         get_int(prob, "problem", "seqlen_k", 0, big, -1, &p.seqlen_k) < 0 ||
@@ -713,12 +770,19 @@ PyObject *fmha_explain_plan_for_device(PyObject *module, PyObject *args, PyObjec
         get_int(prob, "problem", "causal", 0, 1, 0, &causal) < 0 ||
         get_int(prob, "problem", "misaligned", 0, 1, 0, &misaligned) < 0 ||
         get_int(prob, "problem", "seqlen_new", 0, big, 0, &p.seqlen_new) < 0 ||
+        get_int(prob, "problem", "window_left", -1, big, -1, &p.window_left) < 0 ||
+        get_int(prob, "problem", "window_right", -1, big, -1, &p.window_right) < 0 ||
+        get_int(prob, "problem", "softcap", 0, 1 << 20, 0, &softcap) < 0 ||
+        get_int(prob, "problem", "sinks", 0, 1, 0, &sinks) < 0 ||
         get_str(prob, "dtype", "float16", dtype, sizeof dtype) < 0 || dtype_from_name(dtype, &p.dtype) < 0)
         return NULL;
     if (p.heads_q % p.heads_kv != 0)
         return PyErr_Format(PyExc_ValueError, "heads_q (%lld) must be a multiple of heads_kv (%lld)",
                             (long long)p.heads_q, (long long)p.heads_kv);
     p.causal = (int)causal;
+    p.softcap = (float)softcap;
+    static const float sink_present = 0.0f; /* the planner reads only whether sinks are set */
+    p.sinks = sinks ? &sink_present : NULL;
     p.softmax_scale = 1.0f;
     p.scale_log2 = 1.4426950408889634f; /* softmax_scale * log2(e), as the host glue fills it */
     if (misaligned)

@@ -70,6 +70,17 @@ typedef struct fmha_fwd_params {
     int causal;             /* bottom-right aligned: query i sees key j iff j <= i + seqlen_k - seqlen_q */
     float softmax_scale;    /* s = softmax_scale * q.k */
     float scale_log2;       /* softmax_scale * log2(e): scores feed exp2 directly */
+    /* Model features (issue 21; the attention rule is under "sequence geometry" below).
+     * window_left / window_right: keys a query sees before / after its own position,
+     * -1 = unbounded on that side; causal sets the right bound to 0 whatever
+     * window_right says (the host glue refuses a positive one with causal).
+     * softcap: c > 0 caps every scaled score s to c * tanh(s / c) before the softmax;
+     * 0 = off.  sinks: [heads_q] fp32 logits, in the memory of q, that join the
+     * softmax denominator only; NULL = none. */
+    int64_t window_left;
+    int64_t window_right;
+    float softcap;
+    const float *sinks;
 
     /* ---- tensors (element strides; head_dim stride is 1) ---- */
     const void *q;
@@ -111,6 +122,19 @@ typedef struct fmha_fwd_params {
      * block_table[b * block_table_stride + j / page_size] (k_batch_stride / v_batch_stride
      * are the page strides); else batch b, row j.  Causal is bottom-right per sequence:
      * query i of b sees key j iff j <= i + len_k(b) - len_q(b).
+     *
+     * Windows, softcap and sinks.  Query i of b sits at position p = i + len_k(b) - len_q(b)
+     * and sees key j (0 <= j < len_k(b)) iff
+     *   (window_left < 0 || j >= p - window_left) && j <= p + right,
+     * with right = 0 when causal, else window_right (unbounded when -1).  Its scores are
+     * s_j = softmax_scale * q.k_j, capped to softcap * tanh(s_j / softcap) when softcap > 0.
+     * Without sinks, out = sum_j e^{s_j} v_j / sum_j e^{s_j} and lse = log sum_j e^{s_j}
+     * over the visible j (no visible key: out 0, lse -inf).  With sinks, the sink of
+     * the row's query head h joins the denominator only:
+     *   out = sum_j e^{s_j} v_j / (e^{sinks[h]} + sum_j e^{s_j}),
+     *   lse = log(e^{sinks[h]} + sum_j e^{s_j})
+     * (no visible key: out 0, lse = sinks[h]).  Split partials (o_accum / lse_accum)
+     * never hold the sink: it is folded in once, after the merge.
      *
      * seqlen_q / seqlen_k are then the longest sequence the grid and the plan are made
      * for (max_seqlen_q / max_seqlen_k, or total_q / total_k when not known), and
@@ -196,6 +220,10 @@ typedef struct fmha_combine_params {
      * skipped.  NULL: dense. */
     const int32_t *cu_seqlens_q;
     int64_t total_q;
+    /* [heads] fp32 attention-sink logits folded in after the merge (fmha_fwd_params'
+     * rule: they join the denominator only; a row with no partial gives out 0 and
+     * lse = sinks[h]); NULL = none. */
+    const float *sinks;
     void *stream;
     int device;
     int num_threads;
@@ -238,8 +266,17 @@ typedef enum fmha_gate_id {
     FMHA_GATE_DTYPE = 2,    /* a = fmha_dtype */
     FMHA_GATE_HEAD_DIM = 3, /* a = head_dim; GPU: a row of fmha_config.h, CPU: 1..max */
     FMHA_GATE_ALIGNMENT = 4,/* GPU, always met: a = 1 when no operand needs staging */
+    FMHA_GATE_FEATURES = 5, /* GPU: window, softcap and sinks are not in the kernels yet;
+                               a = FMHA_FEATURE_* bits asked for */
     FMHA_GATE_COUNT
 } fmha_gate_id;
+
+/* The model features of a problem (FMHA_GATE_FEATURES' a). */
+enum { FMHA_FEATURE_WINDOW = 1, FMHA_FEATURE_SOFTCAP = 2, FMHA_FEATURE_SINKS = 4 };
+
+/* The CPU backend runs any head_dim from 1 to this (fmha_config.h's FMHA_CPU_MAX_HEAD_DIM
+ * is the bound it had before issue 21). */
+#define FMHA_CPU_HEAD_DIM_LIMIT 512
 
 /* Why a GPU gate item named device is (not) met, in its `b`. */
 enum { FMHA_DEVICE_OK = 0, FMHA_DEVICE_NOT_BUILT = 1, FMHA_DEVICE_NONE_VISIBLE = 2 };
@@ -288,6 +325,8 @@ typedef struct fmha_split_why {
     int64_t slots;          /* units x resident CTAs each */
     int64_t waves;          /* HEURISTIC: waves of CTAs over the slots */
     double busy;            /* HEURISTIC: share of the slots busy over those waves */
+    int64_t all_key_blocks; /* key blocks of the longest sequence; key_blocks is fewer when a
+                               window hides some from every tile (only those are counted) */
     int64_t total_blocks;   /* RAGGED: key blocks of the whole batch */
     int64_t chunk;          /* RAGGED: key blocks per split */
 } fmha_split_why;
@@ -368,6 +407,18 @@ int fmha_hip_arch_built(const char *arch);
 
 /* Number of key blocks a split can own: ceil(max keys / block_n), at least 1. */
 int64_t fmha_num_key_blocks(const fmha_fwd_params *p, int block_n);
+
+/* The right bound of the window (fmha_fwd_params): 0 when causal, else window_right. */
+int64_t fmha_window_right(const fmha_fwd_params *p);
+
+/* The FMHA_FEATURE_* bits the problem asks for (a window that bounds some side, a softcap,
+ * sinks); causal alone is no window. */
+int fmha_features(const fmha_fwd_params *p);
+
+/* Key blocks a tile of `rows` query positions can see: fmha_num_key_blocks, or fewer
+ * when a window bounds both sides of what it sees (rows + left + right keys, plus one
+ * block for misalignment). */
+int64_t fmha_visible_key_blocks(const fmha_fwd_params *p, int64_t rows, int block_n);
 
 /* ---- CPU backend (cpu_fwd.c) ---- */
 fmha_status fmha_cpu_fwd(fmha_fwd_params *p);

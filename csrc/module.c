@@ -190,7 +190,7 @@ PyDoc_STRVAR(forward_doc,
 "forward(q, k, v, *, causal=False, softmax_scale=None, num_splits=0, return_lse=True,\n"
 "        out=None, lse=None, device=None, stream=None, cache_seqlens=None, k_new=None,\n"
 "        v_new=None, max_seqlen_k=None, block_table=None, cu_seqlens_q=None,\n"
-"        cu_seqlens_k=None, max_seqlen_q=None)\n"
+"        cu_seqlens_k=None, max_seqlen_q=None, window=None, softcap=0.0, sinks=None)\n"
 "--\n\n"
 "Attention forward: q [batch, seqlen_q, heads_q, head_dim], k and v\n"
 "[batch, seqlen_k, heads_kv, head_dim].  Returns (out, lse), or out when\n"
@@ -200,7 +200,11 @@ PyDoc_STRVAR(forward_doc,
 "Packed sequences: cu_seqlens_q int32 [batch + 1], q and out\n"
 "[total_q, heads_q, head_dim], lse [heads_q, total_q]; with cu_seqlens_k, k and\n"
 "v [total_k, heads_kv, head_dim].  max_seqlen_q / max_seqlen_k: the longest\n"
-"sequences (None: computed from host arrays, the totals for device ones).");
+"sequences (None: computed from host arrays, the totals for device ones).\n"
+"window=(left, right): query at position p = i + len_k - len_q sees key j iff\n"
+"p - left <= j <= p + right (-1 unbounded); softcap=c: scores become\n"
+"c * tanh(s / c); sinks float32 [heads_q]: per-head logits in the softmax\n"
+"denominator only.  The CPU backend runs these three; the GPU kernels not yet.");
 
 PyDoc_STRVAR(explain_doc,
 "explain(q, k, v, **forward_keywords)\n--\n\n"
@@ -208,9 +212,10 @@ PyDoc_STRVAR(explain_doc,
 "dict.  Validates like forward; runs and allocates nothing.");
 
 PyDoc_STRVAR(combine_doc,
-"combine(outs, lses, *, out=None, lse=None, stream=None)\n--\n\n"
+"combine(outs, lses, *, out=None, lse=None, stream=None, sinks=None)\n--\n\n"
 "Merge partial attention states: outs [G, batch, seqlen_q, heads, head_dim],\n"
-"lses float32 [G, batch, heads, seqlen_q].  Returns (out, lse).");
+"lses float32 [G, batch, heads, seqlen_q].  Returns (out, lse).  sinks float32\n"
+"[heads] (CPU): folded in once after the merge.");
 
 PyDoc_STRVAR(info_doc, "info()\n--\n\nVersion, compiled backends and visible devices.");
 

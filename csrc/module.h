@@ -53,6 +53,9 @@
     X(CU_SEQLENS_Q, "cu_seqlens_q")                                                    \
     X(CU_SEQLENS_K, "cu_seqlens_k")                                                    \
     X(MAX_SEQLEN_Q, "max_seqlen_q")                                                    \
+    X(WINDOW, "window")                                                                \
+    X(SOFTCAP, "softcap")                                                              \
+    X(SINKS, "sinks")                                                                  \
     X(OUTS, "outs")                                                                    \
     X(LSES, "lses")
 

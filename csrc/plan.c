@@ -32,6 +32,40 @@ int64_t fmha_num_key_blocks(const fmha_fwd_params *p, int block_n)
     return n > 0 ? n : 1;
 }
 
+int64_t fmha_window_right(const fmha_fwd_params *p)
+{
+    return p->causal ? 0 : p->window_right;
+}
+
+int fmha_features(const fmha_fwd_params *p)
+{
+    int f = 0;
+    if (p->window_left >= 0 || (!p->causal && p->window_right >= 0))
+        f |= FMHA_FEATURE_WINDOW;
+    if (p->softcap != 0.0f)
+        f |= FMHA_FEATURE_SOFTCAP;
+    if (p->sinks)
+        f |= FMHA_FEATURE_SINKS;
+    return f;
+}
+
+/*
+ * A tile's query positions are consecutive (rows of one sequence), so with both sides
+ * of the window bounded it sees at most rows + left + right keys, which a misaligned
+ * start spreads over one more block.  A window open on one side hides no block from
+ * every tile (the first or last tile still reaches the end), so all blocks count.
+ */
+int64_t fmha_visible_key_blocks(const fmha_fwd_params *p, int64_t rows, int block_n)
+{
+    const int64_t all = fmha_num_key_blocks(p, block_n);
+    const int64_t right = fmha_window_right(p);
+    if (p->window_left < 0 || right < 0)
+        return all;
+    const int64_t span = (rows > 0 ? rows : 1) + p->window_left + right;
+    const int64_t visible = ceil_div(span, block_n) + 1;
+    return visible < all ? visible : all;
+}
+
 /* Rows one tile covers: query rows, times the query heads of a kv head when packed. */
 static int64_t tile_rows(const fmha_fwd_params *p, int pack_gqa)
 {
@@ -292,8 +326,8 @@ static void plan_cpu(const fmha_fwd_params *p, const fmha_target *t, int request
 {
     plan->backend = FMHA_BACKEND_CPU;
     gate_add(plan, FMHA_GATE_DTYPE, 1, p->dtype, 0);
-    gate_add(plan, FMHA_GATE_HEAD_DIM, p->head_dim >= 1 && p->head_dim <= FMHA_CPU_MAX_HEAD_DIM,
-             p->head_dim, FMHA_CPU_MAX_HEAD_DIM);
+    gate_add(plan, FMHA_GATE_HEAD_DIM, p->head_dim >= 1 && p->head_dim <= FMHA_CPU_HEAD_DIM_LIMIT,
+             p->head_dim, FMHA_CPU_HEAD_DIM_LIMIT);
     plan->kernel_id = FMHA_KERNEL_CPU_TILED;
     plan->block_m = FMHA_CPU_BLOCK_M;
     plan->block_n = FMHA_CPU_BLOCK_N;
@@ -302,10 +336,15 @@ static void plan_cpu(const fmha_fwd_params *p, const fmha_target *t, int request
 
     const int threads = t->num_threads > 0 ? t->num_threads : 1;
     const machine cpu = {threads, 1, 0.0, 1.0};
+    /* A tile's query positions: block_m packed rows hold block_m / group positions. */
+    const int64_t group = p->heads_q / p->heads_kv;
+    const int64_t positions = ceil_div(plan->block_m, plan->pack_gqa ? group : 1);
     split_work w = {p->batch * p->heads_kv * ceil_div(tile_rows(p, 1), plan->block_m),
-                    fmha_num_key_blocks(p, plan->block_n), 0, 0,
-                    split_partial_cost(plan->block_m, plan->block_n), 1, 1.0};
+                    fmha_visible_key_blocks(p, positions < p->seqlen_q ? positions : p->seqlen_q,
+                                            plan->block_n),
+                    0, 0, split_partial_cost(plan->block_m, plan->block_n), 1, 1.0};
     plan_splits(requested, &w, &cpu, plan);
+    plan->split.all_key_blocks = fmha_num_key_blocks(p, plan->block_n);
 }
 
 /* ---- GPU ---- */
@@ -456,6 +495,9 @@ static void gpu_gate(const fmha_fwd_params *p, const fmha_target *t, fmha_plan *
     int row = 0;
     gate_add(plan, FMHA_GATE_HEAD_DIM, gpu_mma_config(p->head_dim, &tiles, &row), p->head_dim, 0);
     gate_add(plan, FMHA_GATE_ALIGNMENT, 1, gpu_rows_aligned(p), 0);
+    /* The kernels have no window, softcap or sinks yet (issue 21): the CPU runs them. */
+    const int features = fmha_features(p);
+    gate_add(plan, FMHA_GATE_FEATURES, features == 0, features, 0);
 }
 
 /* The sm90 kernel addresses q, k, v and out through TMA tensor maps: every

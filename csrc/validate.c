@@ -198,8 +198,30 @@ static int forward_dtypes(const fmha_fwd_views *t)
         require_dtype(&t->block_table, t->block_table.elem == FMHA_ELEM_I32, PyExc_TypeError,
                       "be int32") < 0 ||
         require_dtype(&t->cu_q, t->cu_q.elem == FMHA_ELEM_I32, PyExc_TypeError, "be int32") < 0 ||
-        require_dtype(&t->cu_k, t->cu_k.elem == FMHA_ELEM_I32, PyExc_TypeError, "be int32") < 0)
+        require_dtype(&t->cu_k, t->cu_k.elem == FMHA_ELEM_I32, PyExc_TypeError, "be int32") < 0 ||
+        require_dtype(&t->sinks, t->sinks.elem == FMHA_ELEM_F32, PyExc_TypeError,
+                      "be float32 (one logit per query head)") < 0)
         return -1;
+    return 0;
+}
+
+/* window, softcap and sinks (issue 21): the window's values were checked when parsed;
+ * with causal its right bound is 0 already, so only 0 or -1 agree with it. */
+static int check_features(const fmha_fwd_views *t, const fmha_fwd_args *a,
+                          const fmha_fwd_geometry *g)
+{
+    if (a->causal && a->window.given && a->window.right > 0) {
+        PyErr_Format(PyExc_ValueError, "window=(%lld, %lld) with causal=True: causal sets the "
+                     "right bound to 0, so window's right must be 0 or -1",
+                     a->window.left, a->window.right);
+        return -1;
+    }
+    if (t->sinks.present) {
+        int64_t shape[1] = {g->heads_q};
+        if (require_shape(&t->sinks, 1, shape, "[heads_q] (one logit per query head)") < 0 ||
+            require_same_place(&t->sinks, &t->q) < 0 || require_device_layout(&t->sinks, 1) < 0)
+            return -1;
+    }
     return 0;
 }
 
@@ -759,12 +781,12 @@ int fmha_validate_forward(const fmha_module_state *st, fmha_fwd_views *t,
     g->paged = t->block_table.present;
     if (forward_dtypes(t) < 0 || check_combinations(t) < 0 || check_q(t, g) < 0 ||
         check_kv(t, g) < 0 || check_outputs_and_cache(t, append, g) < 0 ||
-        check_places(t, a->device) < 0)
+        check_places(t, a->device) < 0 || check_features(t, a, g) < 0)
         return -1;
 
     /* Written tensors: no aliasing among their own elements or with anything else. */
     fmha_tensor *inputs[] = {&t->q, &t->k, &t->v, &t->k_new, &t->v_new, &t->seqlens,
-                             &t->block_table, &t->cu_q, &t->cu_k};
+                             &t->block_table, &t->cu_q, &t->cu_k, &t->sinks};
     fmha_tensor *written[] = {&t->out, &t->lse, append ? &t->k : NULL, append ? &t->v : NULL};
     if (require_apart(written, sizeof written / sizeof written[0], inputs,
                       sizeof inputs / sizeof inputs[0], &t->k, &t->v) < 0)
@@ -851,14 +873,23 @@ int fmha_validate_combine(fmha_combine_views *t)
         (require_shape(&t->lse, 3, lse_shape, "[batch, heads, seqlen_q]") < 0 ||
          require_same_place(&t->lse, &t->outs) < 0))
         return -1;
+    if (t->sinks.present) {
+        int64_t sinks_shape[1] = {heads};
+        if (require_dtype(&t->sinks, t->sinks.elem == FMHA_ELEM_F32, PyExc_TypeError,
+                          "be float32 (one logit per head)") < 0 ||
+            require_shape(&t->sinks, 1, sinks_shape, "[heads] (one logit per head)") < 0 ||
+            require_same_place(&t->sinks, &t->outs) < 0)
+            return -1;
+    }
     if (require_device_layout(&t->outs, 1) < 0 || require_device_layout(&t->lses, 0) < 0 ||
-        require_device_layout(&t->out, 1) < 0 || require_device_layout(&t->lse, 0) < 0)
+        require_device_layout(&t->out, 1) < 0 || require_device_layout(&t->lse, 0) < 0 ||
+        require_device_layout(&t->sinks, 1) < 0)
         return -1;
     fmha_tensor *written[] = {&t->out, &t->lse};
-    fmha_tensor *inputs[] = {&t->outs, &t->lses};
+    fmha_tensor *inputs[] = {&t->outs, &t->lses, &t->sinks};
     /* out exactly one of the partials is allowed (out_is_one_partial says why): the
      * pair is passed as twins, so every other overlap is still refused. */
     if (out_is_one_partial(&t->out, &t->outs))
-        return require_apart(written, 2, inputs, 2, &t->out, &t->outs);
-    return require_apart(written, 2, inputs, 2, NULL, NULL);
+        return require_apart(written, 2, inputs, 3, &t->out, &t->outs);
+    return require_apart(written, 2, inputs, 3, NULL, NULL);
 }

@@ -12,6 +12,7 @@
 typedef struct fmha_fwd_views {
     fmha_tensor q, k, v, out, lse, seqlens, k_new, v_new;
     fmha_tensor block_table, cu_q, cu_k; /* cu_q / cu_k: cu_seqlens_q / cu_seqlens_k */
+    fmha_tensor sinks;          /* float32 [heads_q] */
 } fmha_fwd_views;
 
 /*
@@ -58,6 +59,7 @@ int fmha_validate_forward(const fmha_module_state *st, fmha_fwd_views *t,
 /* The tensors of one combine call. */
 typedef struct fmha_combine_views {
     fmha_tensor outs, lses, out, lse;
+    fmha_tensor sinks;          /* float32 [heads] */
 } fmha_combine_views;
 
 /* Check combine's tensors; 0 or -1 as above. */

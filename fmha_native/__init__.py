@@ -238,8 +238,8 @@ def _detached(name, x):
 
 # Tensor arguments of forward/explain and of combine, checked by _no_grad_input.
 _FORWARD_TENSOR_KEYWORDS = ("out", "lse", "cache_seqlens", "k_new", "v_new", "block_table",
-                            "cu_seqlens_q", "cu_seqlens_k")
-_COMBINE_TENSOR_KEYWORDS = ("out", "lse")
+                            "cu_seqlens_q", "cu_seqlens_k", "sinks")
+_COMBINE_TENSOR_KEYWORDS = ("out", "lse", "sinks")
 
 
 def _no_grad_keywords(kw, names, check=_no_grad_input):
@@ -360,6 +360,15 @@ def forward(q, k, v, **kw):
     ``max_seqlen_q`` / ``max_seqlen_k``: the longest sequence, a plan hint (device
     cu_seqlens are never read on the host).  Causal is bottom-right per sequence.
 
+    Model features (the CPU backend runs them; the GPU kernels do not have them yet, so
+    device="gpu" raises NotImplementedError and host arrays with device=None run on the
+    CPU): ``window=(left, right)``: query i at position p = i + len_k - len_q sees key j
+    iff p - left <= j <= p + right (-1: unbounded; causal=True sets right to 0).
+    ``softcap=c`` (c > 0): every scaled score s becomes c * tanh(s / c) before the
+    softmax.  ``sinks`` float32 [heads_q]: one logit per query head that joins the
+    softmax denominator only (lse includes it; a row with no visible key gives out 0 and
+    lse = the sink).
+
     Forward only: torch tensors that require grad are refused under grad mode.  torch
     calls made while torch traces or compiles go through the op fmha_native::forward
     (or forward_out / forward_append when out, lse or an append is written).
@@ -408,7 +417,9 @@ def combine(outs, lses, **kw):
     they are equally spaced views of one buffer they are read in place, else stacked
     (a copy).  ``out`` may be exactly one of the partials (outs[g] itself, or that
     list item): every partial of a row is read before the row is written.  ``lse``
-    must not overlap lses.  torch calls made while torch traces or compiles go
+    must not overlap lses.  ``sinks`` (float32 [heads], CPU only for now): attention-sink
+    logits folded in once, after the merge, so the combine of sink-free partials over
+    KV shards equals one forward with those sinks.  torch calls made while torch traces or compiles go
     through the op fmha_native::combine (combine_out when out or lse is given).
     """
     # As in forward: dynamo tracing a plain torch tensor never reaches _library.
@@ -563,8 +574,9 @@ _FORWARD_KEYWORDS = (("causal", False), ("softmax_scale", None), ("num_splits", 
                      ("return_lse", True), ("out", None), ("lse", None), ("device", None),
                      ("stream", None), ("cache_seqlens", None), ("k_new", None),
                      ("v_new", None), ("max_seqlen_k", None), ("block_table", None),
-                     ("cu_seqlens_q", None), ("cu_seqlens_k", None), ("max_seqlen_q", None))
-_COMBINE_KEYWORDS = (("out", None), ("lse", None), ("stream", None))
+                     ("cu_seqlens_q", None), ("cu_seqlens_k", None), ("max_seqlen_q", None),
+                     ("window", None), ("softcap", 0.0), ("sinks", None))
+_COMBINE_KEYWORDS = (("out", None), ("lse", None), ("stream", None), ("sinks", None))
 forward.__signature__ = _signature(("q", "k", "v"), _FORWARD_KEYWORDS)
 explain.__signature__ = _signature(("q", "k", "v"), _FORWARD_KEYWORDS)
 combine.__signature__ = _signature(("outs", "lses"), _COMBINE_KEYWORDS)

@@ -52,7 +52,9 @@ def forward(q: _Array, k: _Array, v: _Array, *, causal: bool = False,
             cache_seqlens: Optional[_Array] = None, k_new: Optional[_Array] = None,
             v_new: Optional[_Array] = None, max_seqlen_k: Optional[int] = None,
             block_table: Optional[_Array] = None, cu_seqlens_q: Optional[_Array] = None,
-            cu_seqlens_k: Optional[_Array] = None, max_seqlen_q: Optional[int] = None) -> Tuple[_Array, _Array]: ...
+            cu_seqlens_k: Optional[_Array] = None, max_seqlen_q: Optional[int] = None,
+            window: Optional[Tuple[int, int]] = None, softcap: float = 0.0,
+            sinks: Optional[_Array] = None) -> Tuple[_Array, _Array]: ...
 @overload
 def forward(q: _Array, k: _Array, v: _Array, *, causal: bool = False,
             softmax_scale: Optional[float] = None, num_splits: int = 0,
@@ -61,7 +63,9 @@ def forward(q: _Array, k: _Array, v: _Array, *, causal: bool = False,
             cache_seqlens: Optional[_Array] = None, k_new: Optional[_Array] = None,
             v_new: Optional[_Array] = None, max_seqlen_k: Optional[int] = None,
             block_table: Optional[_Array] = None, cu_seqlens_q: Optional[_Array] = None,
-            cu_seqlens_k: Optional[_Array] = None, max_seqlen_q: Optional[int] = None) -> _Array: ...
+            cu_seqlens_k: Optional[_Array] = None, max_seqlen_q: Optional[int] = None,
+            window: Optional[Tuple[int, int]] = None, softcap: float = 0.0,
+            sinks: Optional[_Array] = None) -> _Array: ...
 @overload
 def forward(q: _Array, k: _Array, v: _Array, *, causal: bool = False,
             softmax_scale: Optional[float] = None, num_splits: int = 0,
@@ -70,7 +74,9 @@ def forward(q: _Array, k: _Array, v: _Array, *, causal: bool = False,
             cache_seqlens: Optional[_Array] = None, k_new: Optional[_Array] = None,
             v_new: Optional[_Array] = None, max_seqlen_k: Optional[int] = None,
             block_table: Optional[_Array] = None, cu_seqlens_q: Optional[_Array] = None,
-            cu_seqlens_k: Optional[_Array] = None, max_seqlen_q: Optional[int] = None) -> Union[_Array, Tuple[_Array, _Array]]: ...
+            cu_seqlens_k: Optional[_Array] = None, max_seqlen_q: Optional[int] = None,
+            window: Optional[Tuple[int, int]] = None, softcap: float = 0.0,
+            sinks: Optional[_Array] = None) -> Union[_Array, Tuple[_Array, _Array]]: ...
 
 def explain(q: _Array, k: _Array, v: _Array, *, causal: bool = False,
             softmax_scale: Optional[float] = None, num_splits: int = 0,
@@ -79,10 +85,13 @@ def explain(q: _Array, k: _Array, v: _Array, *, causal: bool = False,
             cache_seqlens: Optional[_Array] = None, k_new: Optional[_Array] = None,
             v_new: Optional[_Array] = None, max_seqlen_k: Optional[int] = None,
             block_table: Optional[_Array] = None, cu_seqlens_q: Optional[_Array] = None,
-            cu_seqlens_k: Optional[_Array] = None, max_seqlen_q: Optional[int] = None) -> dict[str, Any]: ...
+            cu_seqlens_k: Optional[_Array] = None, max_seqlen_q: Optional[int] = None,
+            window: Optional[Tuple[int, int]] = None, softcap: float = 0.0,
+            sinks: Optional[_Array] = None) -> dict[str, Any]: ...
 
 def combine(outs: Union[_Array, Sequence[_Array]], lses: Union[_Array, Sequence[_Array]], *,
             out: Optional[_Array] = None,
-            lse: Optional[_Array] = None, stream: Optional[int] = None) -> Tuple[_Array, _Array]: ...
+            lse: Optional[_Array] = None, stream: Optional[int] = None,
+            sinks: Optional[_Array] = None) -> Tuple[_Array, _Array]: ...
 
 def info() -> _Info: ...

@@ -38,6 +38,8 @@ The stream is not a traced constant: with stream=None the op's implementation as
 torch for the current stream of q's device when it runs, so a graph captured by
 torch.compile(mode="reduce-overhead") records the capture stream.
 """
+import numbers
+
 import torch
 
 import _fmha_native as _C
@@ -59,7 +61,8 @@ _COMBINE_NAMES = frozenset(name for name, _ in fmha_native._COMBINE_KEYWORDS)
 # The optional keywords, handed to the extension only when given (it applies its own
 # defaults to the rest), in the order _forward_kw lists their values.
 _OPTIONAL_NAMES = ("cache_seqlens", "block_table", "cu_seqlens_q", "cu_seqlens_k",
-                   "max_seqlen_q", "max_seqlen_k", "softmax_scale", "device", "stream")
+                   "max_seqlen_q", "max_seqlen_k", "softmax_scale", "device", "stream",
+                   "window", "sinks")
 
 
 def wanted(q):
@@ -90,10 +93,12 @@ def _run(fn, first, args, kw):
 
 def _forward_kw(causal, softmax_scale, num_splits, return_lse, device, stream,
                 cache_seqlens, block_table, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                max_seqlen_k):
-    kw = {"causal": causal, "num_splits": num_splits, "return_lse": return_lse}
+                max_seqlen_k, window, softcap, sinks):
+    kw = {"causal": causal, "num_splits": num_splits, "return_lse": return_lse,
+          "softcap": softcap}
     values = (cache_seqlens, block_table, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-              max_seqlen_k, softmax_scale, device, stream)
+              max_seqlen_k, softmax_scale, device, stream,
+              None if window is None else tuple(window), sinks)
     for name, value in zip(_OPTIONAL_NAMES, values):
         if value is not None:
             kw[name] = value
@@ -134,7 +139,7 @@ def _new_outputs(q, cu_seqlens_q, return_lse):
 _FORWARD_TAIL = ("Tensor? cache_seqlens, Tensor? block_table, Tensor? cu_seqlens_q, "
                  "Tensor? cu_seqlens_k, bool causal, float? softmax_scale, int num_splits, "
                  "bool return_lse, SymInt? max_seqlen_q, SymInt? max_seqlen_k, str? device, "
-                 "int? stream")
+                 "int? stream, int[]? window=None, float softcap=0.0, Tensor? sinks=None")
 
 _lib = torch.library.Library("fmha_native", "DEF")
 
@@ -152,11 +157,11 @@ def _define(schema, kernel, fake):
 
 def _forward_kernel(q, k, v, cache_seqlens, block_table, cu_seqlens_q, cu_seqlens_k, causal,
                     softmax_scale, num_splits, return_lse, max_seqlen_q, max_seqlen_k, device,
-                    stream):
+                    stream, window=None, softcap=0.0, sinks=None):
     out, lse = _new_outputs(q, cu_seqlens_q, return_lse)
     kw = _forward_kw(causal, softmax_scale, num_splits, return_lse, device, stream,
                      cache_seqlens, block_table, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                     max_seqlen_k)
+                     max_seqlen_k, window, softcap, sinks)
     kw["out"] = out
     if return_lse:
         kw["lse"] = lse
@@ -166,16 +171,17 @@ def _forward_kernel(q, k, v, cache_seqlens, block_table, cu_seqlens_q, cu_seqlen
 
 def _forward_fake(q, k, v, cache_seqlens, block_table, cu_seqlens_q, cu_seqlens_k, causal,
                   softmax_scale, num_splits, return_lse, max_seqlen_q, max_seqlen_k, device,
-                  stream):
+                  stream, window=None, softcap=0.0, sinks=None):
     return _new_outputs(q, cu_seqlens_q, return_lse)
 
 
 def _forward_out_kernel(q, k, v, out, lse, cache_seqlens, block_table, cu_seqlens_q,
                         cu_seqlens_k, causal, softmax_scale, num_splits, return_lse,
-                        max_seqlen_q, max_seqlen_k, device, stream):
+                        max_seqlen_q, max_seqlen_k, device, stream, window=None, softcap=0.0,
+                        sinks=None):
     kw = _forward_kw(causal, softmax_scale, num_splits, return_lse, device, stream,
                      cache_seqlens, block_table, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                     max_seqlen_k)
+                     max_seqlen_k, window, softcap, sinks)
     kw["out"] = out
     if lse is not None:
         kw["lse"] = lse
@@ -184,10 +190,11 @@ def _forward_out_kernel(q, k, v, out, lse, cache_seqlens, block_table, cu_seqlen
 
 def _forward_append_kernel(q, k, v, k_new, v_new, out, lse, cache_seqlens, block_table,
                            cu_seqlens_q, cu_seqlens_k, causal, softmax_scale, num_splits,
-                           return_lse, max_seqlen_q, max_seqlen_k, device, stream):
+                           return_lse, max_seqlen_q, max_seqlen_k, device, stream,
+                           window=None, softcap=0.0, sinks=None):
     kw = _forward_kw(causal, softmax_scale, num_splits, return_lse, device, stream,
                      cache_seqlens, block_table, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                     max_seqlen_k)
+                     max_seqlen_k, window, softcap, sinks)
     kw["out"] = out
     kw["k_new"] = k_new
     kw["v_new"] = v_new
@@ -196,7 +203,7 @@ def _forward_append_kernel(q, k, v, k_new, v_new, out, lse, cache_seqlens, block
     _run(_C.forward, q, (q, k, v), kw)
 
 
-def _writes_only(*args):
+def _writes_only(*args, **kwargs):
     """The fake of an op that only writes tensors it was given."""
     return None
 
@@ -209,21 +216,23 @@ def _combine_shapes(outs):
     return (batch, seqlen_q, heads, head_dim), (batch, heads, seqlen_q)
 
 
-def _combine_outputs(outs, lses, stream):
+def _combine_outputs(outs, lses, stream, sinks=None):
     out_shape, lse_shape = _combine_shapes(outs)
     return outs.new_empty(out_shape), outs.new_empty(lse_shape, dtype=torch.float32)
 
 
-def _combine_out_kernel(outs, lses, out, lse, stream):
+def _combine_out_kernel(outs, lses, out, lse, stream, sinks=None):
     kw = {"out": out, "lse": lse}
     if stream is not None:
         kw["stream"] = stream
+    if sinks is not None:
+        kw["sinks"] = sinks
     _run(_C.combine, outs, (outs, lses), kw)
 
 
-def _combine_kernel(outs, lses, stream):
-    out, lse = _combine_outputs(outs, lses, stream)
-    _combine_out_kernel(outs, lses, out, lse, stream)
+def _combine_kernel(outs, lses, stream, sinks=None):
+    out, lse = _combine_outputs(outs, lses, stream, sinks)
+    _combine_out_kernel(outs, lses, out, lse, stream, sinks)
     return out, lse
 
 
@@ -235,10 +244,10 @@ _forward_out = _define("forward_out(Tensor q, Tensor k, Tensor v, Tensor(a!) out
 _forward_append = _define("forward_append(Tensor q, Tensor(a!) k, Tensor(b!) v, Tensor k_new, "
                           "Tensor v_new, Tensor(c!) out, Tensor(d!)? lse, " + _FORWARD_TAIL +
                           ") -> ()", _forward_append_kernel, _writes_only)
-_combine = _define("combine(Tensor outs, Tensor lses, int? stream) -> (Tensor, Tensor)",
-                   _combine_kernel, _combine_outputs)
+_combine = _define("combine(Tensor outs, Tensor lses, int? stream, Tensor? sinks=None) -> "
+                   "(Tensor, Tensor)", _combine_kernel, _combine_outputs)
 _combine_out = _define("combine_out(Tensor outs, Tensor lses, Tensor(a!) out, Tensor(b!) lse, "
-                       "int? stream) -> ()", _combine_out_kernel, _writes_only)
+                       "int? stream, Tensor? sinks=None) -> ()", _combine_out_kernel, _writes_only)
 
 
 # ---------------------------------------------------------------------------
@@ -266,7 +275,8 @@ def call_forward(q, k, v, kw):
         causal=bool(get("causal", False)), softmax_scale=get("softmax_scale"),
         num_splits=get("num_splits", 0), return_lse=return_lse,
         max_seqlen_q=get("max_seqlen_q"), max_seqlen_k=get("max_seqlen_k"),
-        device=get("device"), stream=get("stream"))
+        device=get("device"), stream=get("stream"), window=_window(get("window")),
+        softcap=_softcap(get("softcap", 0.0)), sinks=get("sinks"))
     if k_new is None and v_new is None and out is None and lse is None:
         out, lse = _forward(q, k, v, **scalars)
         return (out, lse) if return_lse else out
@@ -285,16 +295,47 @@ def call_forward(q, k, v, kw):
     return (out, lse) if return_lse else out
 
 
+def _window(window):
+    """window as the schema's int[]?, with the extension's checks and messages (made
+    before tracing bakes the value in)."""
+    if window is None:
+        return None
+    if not isinstance(window, (tuple, list)):
+        raise TypeError(f"window must be a (left, right) tuple of ints or None, got "
+                        f"{type(window).__name__}")
+    if len(window) != 2:
+        raise ValueError(f"window must be a (left, right) pair, got {len(window)} values")
+    for x in window:
+        if isinstance(x, bool) or not isinstance(x, int):
+            raise TypeError(f"window must be a (left, right) tuple of ints, got "
+                            f"{type(x).__name__}")
+        if x < -1:
+            raise ValueError(f"window values must be >= -1 (-1 = unbounded), got {window!r}")
+    return [int(x) for x in window]
+
+
+def _softcap(softcap):
+    """softcap as the schema's float: the extension's checks, made before tracing bakes
+    the value in (a bool, a string or a negative value would fail later or silently)."""
+    if isinstance(softcap, bool) or not isinstance(softcap, numbers.Real):
+        raise TypeError(f"softcap must be a real number (0 = off), got {type(softcap).__name__}")
+    softcap = float(softcap)
+    if not softcap >= 0.0 or softcap == float("inf"):
+        raise ValueError(f"softcap must be 0 (off) or positive and finite, got {softcap!r}")
+    return softcap
+
+
 def call_combine(outs, lses, kw):
     """fmha_native.combine(outs, lses, **kw) through the ops."""
     _unexpected("combine", kw, _COMBINE_NAMES)
     out, lse, stream = kw.get("out"), kw.get("lse"), kw.get("stream")
+    sinks = kw.get("sinks")
     if out is None and lse is None:
-        return _combine(outs, lses, stream)
+        return _combine(outs, lses, stream, sinks)
     out_shape, lse_shape = _combine_shapes(outs)
     if out is None:
         out = outs.new_empty(out_shape)
     if lse is None:
         lse = outs.new_empty(lse_shape, dtype=torch.float32)
-    _combine_out(outs, lses, out, lse, stream)
+    _combine_out(outs, lses, out, lse, stream, sinks)
     return out, lse

@@ -2,8 +2,9 @@
 
 Owns the slow, obviously-correct statement of the contract in DESIGN.md section 2:
 scores over a masked matrix, a plain (not online) softmax, GQA by head repetition,
-bottom-right causal alignment per sequence, rows that see no key giving out = 0 and
-lse = -inf, the KV-cache append (dense or through a block table), packed (varlen)
+bottom-right causal alignment per sequence, sliding windows, logit softcapping and
+attention sinks (issue 21), rows that see no key giving out = 0 and lse = -inf (or the
+sink), the KV-cache append (dense or through a block table), packed (varlen)
 sequences, and the merge of partial states (combine).  A paged cache is gathered into a
 dense one and packed rows are split into one array per sequence before any attention
 math, so the attention itself is written once, for one sequence.
@@ -191,11 +192,32 @@ def append_kv(k, v, cache_seqlens, k_new, v_new, *, block_table=None, cu_seqlens
     return k_out, v_out
 
 
-def _attend_one_head(q_bh, k_bh, v_bh, scale, causal, key_len):
-    """One (sequence, head): q_bh [seqlen_q, d], k_bh/v_bh [>= key_len, d] -> (out, lse)."""
+def _visible(rows, key_index, diagonal, causal, window):
+    """[rows, keys] bool: which keys each query row sees.  Query i sits at position
+    i + diagonal; window (left, right) bounds the keys to [pos - left, pos + right], -1
+    leaving a side open; causal closes the right side at pos."""
+    pos = rows[:, None] + diagonal
+    keys = key_index[None, :]
+    left, right = window if window is not None else (-1, -1)
+    if causal:
+        right = 0
+    seen = np.ones((rows.size, key_index.size), dtype=bool)
+    if right >= 0:
+        seen &= keys <= pos + right
+    if left >= 0:
+        seen &= keys >= pos - left
+    return seen
+
+
+def _attend_one_head(q_bh, k_bh, v_bh, scale, causal, key_len, window=None, softcap=0.0,
+                     sink=None):
+    """One (sequence, head): q_bh [seqlen_q, d], k_bh/v_bh [>= key_len, d] -> (out, lse).
+
+    softcap c > 0 maps each scaled score s to c * tanh(s / c); sink (a float or None)
+    adds e^sink to the softmax denominator only."""
     seqlen_q, head_dim = q_bh.shape
     out = np.zeros((seqlen_q, head_dim))
-    lse = np.full(seqlen_q, -np.inf)
+    lse = np.full(seqlen_q, -np.inf if sink is None else float(sink))
     if seqlen_q == 0 or key_len == 0:
         return out, lse
     keys = k_bh[:key_len]
@@ -207,9 +229,15 @@ def _attend_one_head(q_bh, k_bh, v_bh, scale, causal, key_len):
     for r0 in range(0, seqlen_q, rows_per_chunk):
         rows = np.arange(r0, min(seqlen_q, r0 + rows_per_chunk))
         scores = scale * (q_bh[rows] @ keys.T)
-        if causal:
-            visible = key_index[None, :] <= rows[:, None] + diagonal
-            scores = np.where(visible, scores, -np.inf)
+        if softcap > 0.0:
+            scores = softcap * np.tanh(scores / softcap)
+        if causal or window is not None:
+            scores = np.where(_visible(rows, key_index, diagonal, causal, window), scores,
+                              -np.inf)
+        if sink is not None:
+            # The sink is one more logit in every row's denominator with no value: a
+            # column of scores whose value row is 0.
+            scores = np.concatenate([scores, np.full((rows.size, 1), float(sink))], axis=1)
         row_max = scores.max(axis=1, keepdims=True)
         # A row with no visible key has max -inf; shifting it by 0 keeps exp() at 0
         # instead of producing inf - inf.  NaN rows keep their NaN max and stay NaN.
@@ -221,13 +249,16 @@ def _attend_one_head(q_bh, k_bh, v_bh, scale, causal, key_len):
             probs = weights / np.where(empty, 1.0, total)
         with np.errstate(divide="ignore", invalid="ignore"):
             lse[rows] = np.where(empty[:, 0], -np.inf, np.log(total[:, 0]) + shift[:, 0])
+        if sink is not None:
+            probs = probs[:, :-1]
         out[rows] = probs @ values
     return out, lse
 
 
 def forward(q, k, v, *, causal=False, softmax_scale=None, return_lse=True,
             cache_seqlens=None, k_new=None, v_new=None, block_table=None,
-            cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None):
+            cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None,
+            window=None, softcap=0.0, sinks=None):
     """Attention forward in float64: the contract of fmha_native.forward, slowly.
 
     q [batch, seqlen_q, heads_q, head_dim]; k, v [batch, seqlen_k, heads_kv, head_dim].
@@ -253,7 +284,24 @@ def forward(q, k, v, *, causal=False, softmax_scale=None, return_lse=True,
 
     Causal alignment is bottom-right per sequence: query i of b sees key j iff
     j <= i + len_k(b) - len_q(b).
+
+    window (left, right): query i of b, at position p = i + len_k(b) - len_q(b), sees
+    key j iff p - left <= j <= p + right (-1 leaves a side unbounded; causal sets
+    right = 0).  softcap c > 0: scores s = scale * q.k become c * tanh(s / c).  sinks
+    [heads_q]: one logit per query head in the softmax denominator only, so
+    out = sum_j e^s_j v_j / (e^sink + sum_j e^s_j), lse = log(e^sink + sum_j e^s_j); a
+    row that sees no key gives out 0 and lse = sink.
     """
+    if window is not None:
+        window = tuple(int(x) for x in window)
+        if len(window) != 2 or min(window) < -1:
+            raise ValueError(f"window must be (left, right) with values >= -1, got {window}")
+    softcap = float(softcap)
+    if not softcap >= 0.0:
+        raise ValueError(f"softcap must be >= 0, got {softcap}")
+    sink_values = None
+    if sinks is not None:
+        sink_values = to_float64(sinks, "sinks").reshape(-1)
     qf, kf, vf = to_float64(q, "q"), to_float64(k, "k"), to_float64(v, "v")
     if (k_new is None) != (v_new is None):
         raise ValueError("k_new and v_new must be given together")
@@ -323,6 +371,8 @@ def forward(q, k, v, *, causal=False, softmax_scale=None, return_lse=True,
         raise ValueError(f"heads_q ({heads_q}) must be a multiple of heads_kv ({heads_kv})")
     group = heads_q // heads_kv
     scale = 1.0 / math.sqrt(head_dim) if softmax_scale is None else float(softmax_scale)
+    if sink_values is not None and sink_values.shape != (heads_q,):
+        raise ValueError(f"sinks must have shape ({heads_q},), got {sink_values.shape}")
 
     outs, lses = [], []
     for b in range(batch):
@@ -332,7 +382,8 @@ def forward(q, k, v, *, causal=False, softmax_scale=None, return_lse=True,
         for h in range(heads_q):
             out_b[:, h], lse_b[h] = _attend_one_head(
                 q_b[:, h], k_seqs[b][:, h // group], v_seqs[b][:, h // group], scale, causal,
-                int(lengths[b]))
+                int(lengths[b]), window, softcap,
+                None if sink_values is None else sink_values[h])
         outs.append(out_b)
         lses.append(lse_b)
     if cu_seqlens_q is not None:
@@ -347,7 +398,7 @@ def forward(q, k, v, *, causal=False, softmax_scale=None, return_lse=True,
     return (out, lse) if return_lse else out
 
 
-def combine(outs, lses):
+def combine(outs, lses, *, sinks=None):
     """Merge partial attention states in float64.
 
     outs [G, batch, seqlen_q, heads, head_dim], each normalised by its own row sum;
@@ -355,6 +406,10 @@ def combine(outs, lses):
     lse = log(sum_g exp(lse_g)) and out = sum_g exp(lse_g - lse) * out_g.  Partials with
     lse = -inf contribute nothing (even if their out holds garbage); a row whose every
     partial is -inf gives out = 0, lse = -inf.
+
+    sinks [heads]: folded in once, after the merge, as one more partial with that lse
+    whose out is 0 (a logit in the denominator only); a row whose partials are all -inf
+    then gives out = 0, lse = sink.
     """
     o = to_float64(outs, "outs")
     l = to_float64(lses, "lses")
@@ -363,6 +418,14 @@ def combine(outs, lses):
     groups, batch, seqlen_q, heads, head_dim = o.shape
     if l.shape != (groups, batch, heads, seqlen_q):
         raise ValueError(f"lses must have shape {(groups, batch, heads, seqlen_q)}, got {l.shape}")
+    if sinks is not None:
+        sink = to_float64(sinks, "sinks").reshape(-1)
+        if sink.shape != (heads,):
+            raise ValueError(f"sinks must have shape ({heads},), got {sink.shape}")
+        o = np.concatenate([o, np.zeros((1,) + o.shape[1:])], axis=0)
+        l = np.concatenate([l, np.broadcast_to(sink[None, None, :, None],
+                                               (1, batch, heads, seqlen_q))], axis=0)
+        groups += 1
     lse_max = l.max(axis=0) if groups else np.full((batch, heads, seqlen_q), -np.inf)
     shift = np.where(np.isneginf(lse_max), 0.0, lse_max)
     with np.errstate(invalid="ignore"):

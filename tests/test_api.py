@@ -172,7 +172,7 @@ def test_explain_keys(backend):
 
 def test_explain_cpu_gate_reports_unsupported_head_dim(cpu):
     rng = np.random.default_rng(6510)
-    q, k, v = make_qkv(rng, 1, 2, 8, 1, 1, 300, "f32")
+    q, k, v = make_qkv(rng, 1, 2, 8, 1, 1, 600, "f32")  # the CPU covers 1..512
     try:
         plan = fmha_native.explain(q, k, v, device="cpu")
     except (NotImplementedError, ValueError) as exc:
@@ -247,8 +247,9 @@ FORWARD_KEYWORDS = [("causal", False), ("softmax_scale", None), ("num_splits", 0
                     ("return_lse", True), ("out", None), ("lse", None), ("device", None),
                     ("stream", None), ("cache_seqlens", None), ("k_new", None), ("v_new", None),
                     ("max_seqlen_k", None), ("block_table", None), ("cu_seqlens_q", None),
-                    ("cu_seqlens_k", None), ("max_seqlen_q", None)]
-COMBINE_KEYWORDS = [("out", None), ("lse", None), ("stream", None)]
+                    ("cu_seqlens_k", None), ("max_seqlen_q", None), ("window", None),
+                    ("softcap", 0.0), ("sinks", None)]
+COMBINE_KEYWORDS = [("out", None), ("lse", None), ("stream", None), ("sinks", None)]
 
 
 @pytest.mark.parametrize("name, positional, keywords", [

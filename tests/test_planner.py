@@ -42,7 +42,7 @@ def problem(batch=1, seqlen_q=1, seqlen_k=4096, heads_q=32, heads_kv=8, head_dim
 def test_gate_admits_sm80_and_newer(device, head_dim, dtype):
     plan = plan_for(problem(head_dim=head_dim, dtype=dtype), device)
     assert plan["supported"] is True and "error" not in plan
-    assert set(plan["gate"]) == {"device", "arch", "dtype", "head_dim", "alignment"}
+    assert set(plan["gate"]) == {"device", "arch", "dtype", "head_dim", "alignment", "features"}
     assert all(item["met"] for item in plan["gate"].values()), plan["gate"]
     assert plan["backend"] == "gpu" and plan["device"] == device["name"]
     assert plan["sm_count"] == device["sm_count"] and plan["arch"] == device["arch"]
