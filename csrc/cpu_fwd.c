@@ -786,9 +786,7 @@ static void fwd_item(void *ctx, int64_t item, int worker)
                 /* c tanh(s / c) on the natural-log score is c' tanh(s' / c') on its log2
                  * form s' = s log2(e), with c' = c log2(e); masking comes after, so a
                  * masked score stays -inf. */
-                const float c = job->softcap_log2, inv = 1.0f / job->softcap_log2;
-                for (int64_t e = 0; e < nb * tr; e++)
-                    s.st[e] = c * tanhf(s.st[e] * inv);
+                kern->softcap(s.st, nb * tr, job->softcap_log2);
             }
             /* Per-element masking only on a boundary block of some row. */
             if (s.lim_lo[t] < n0 + nb - 1 || s.low_hi[t] > n0) {

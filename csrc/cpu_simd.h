@@ -8,6 +8,7 @@
  *   gemm             C^T += A^T * B: the score (S = Q K^T) and P V products
  *   mask             causal / window mask of a score tile
  *   softmax          one online-softmax step over a score tile
+ *   softcap          c * tanh(s / c) over a score tile (logit softcapping)
  *   load_q, store_o  a tile's rows into and out of the lanes (8 x 8 transposes)
  *   widen            rows of any dtype to fp32 (K/V blocks, query rows)
  *
@@ -94,6 +95,8 @@ typedef struct fmha_cpu_kernels {
      * alpha = exp2(m_old - m).  A row whose max is -inf shifts by 0 instead.
      */
     void (*softmax)(float *s, int64_t keys, float *m, float *l, float *alpha);
+    /* s[e] = c * tanh(s[e] / c) for e < count (a multiple of lanes); NaN stays NaN. */
+    void (*softcap)(float *s, int64_t count, float c);
     /* qt[d][r] = rows[r][d] * scale for r < tile_rows, d < depth (Q into lanes). */
     void (*load_q)(float *qt, const float *rows, int64_t depth, float scale);
     /*
@@ -173,6 +176,22 @@ static inline float fmha_exp2_lane(float x)
     return poly * fmha_bits_to_f32(scale);
 }
 
+/*
+ * tanh(y) = y - y^3/3 + 2y^5/15 - 17y^7/315 + ... (Taylor, alternating), used for
+ * |y| <= FMHA_TANH_SERIES_MAX, where the terms below truncate at a relative 1e-8;
+ * above it tanh|y| = (1 - e) / (1 + e) with e = 2^(-2|y| log2(e)) <= e^-1 has no
+ * cancellation.  Coefficients of y^3 .. y^15, lowest first.
+ */
+#define FMHA_TANH_SERIES_MAX 0.5f
+#define FMHA_TANH_T3 (-3.33333333333333333e-1f)
+#define FMHA_TANH_T5 1.33333333333333333e-1f
+#define FMHA_TANH_T7 (-5.39682539682539683e-2f)
+#define FMHA_TANH_T9 2.18694885361552028e-2f
+#define FMHA_TANH_T11 (-8.86323552990219657e-3f)
+#define FMHA_TANH_T13 3.59212803657248102e-3f
+#define FMHA_TANH_T15 (-1.45583438705131827e-3f)
+#define FMHA_LOG2E_F 1.44269504088896341f
+
 /* A row's output element: O / l, and 0 for a row that saw no key (l == 0). */
 static inline float fmha_normalize_lane(float o, float l) { return l == 0.0f ? 0.0f : o / l; }
 
@@ -200,6 +219,7 @@ typedef __m512 fmha_vec_avx512;
 #define FMHA_V_MUL(a, b) _mm512_mul_ps((a), (b))
 #define FMHA_V_ADD(a, b) _mm512_add_ps((a), (b))
 #define FMHA_V_SUB(a, b) _mm512_sub_ps((a), (b))
+#define FMHA_V_DIV(a, b) _mm512_div_ps((a), (b))
 /* max/min return the second operand when either is NaN (as the SSE family does). */
 #define FMHA_V_MAX(a, b) _mm512_max_ps((a), (b))
 #define FMHA_V_MIN(a, b) _mm512_min_ps((a), (b))
@@ -247,6 +267,7 @@ typedef __m256 fmha_vec_avx2;
 #define FMHA_V_MUL(a, b) _mm256_mul_ps((a), (b))
 #define FMHA_V_ADD(a, b) _mm256_add_ps((a), (b))
 #define FMHA_V_SUB(a, b) _mm256_sub_ps((a), (b))
+#define FMHA_V_DIV(a, b) _mm256_div_ps((a), (b))
 #define FMHA_V_MAX(a, b) _mm256_max_ps((a), (b))
 #define FMHA_V_MIN(a, b) _mm256_min_ps((a), (b))
 #define FMHA_V_SELECT_GT(x, y, a, b) _mm256_blendv_ps((a), (b), _mm256_cmp_ps((x), (y), _CMP_GT_OQ))
@@ -324,6 +345,12 @@ static inline FMHA_VEC fmha_vs_sub(FMHA_VEC a, FMHA_VEC b)
         a.x[i] -= b.x[i];
     return a;
 }
+static inline FMHA_VEC fmha_vs_div(FMHA_VEC a, FMHA_VEC b)
+{
+    for (int i = 0; i < FMHA_LANES; i++)
+        a.x[i] /= b.x[i];
+    return a;
+}
 /* Same NaN rule as the SSE family: the second operand wins when either is NaN. */
 static inline FMHA_VEC fmha_vs_max(FMHA_VEC a, FMHA_VEC b)
 {
@@ -350,6 +377,7 @@ static inline FMHA_VEC fmha_vs_select_eq(FMHA_VEC x, FMHA_VEC y, FMHA_VEC a, FMH
 #define FMHA_V_MUL(a, b) fmha_vs_mul((a), (b))
 #define FMHA_V_ADD(a, b) fmha_vs_add((a), (b))
 #define FMHA_V_SUB(a, b) fmha_vs_sub((a), (b))
+#define FMHA_V_DIV(a, b) fmha_vs_div((a), (b))
 #define FMHA_V_MAX(a, b) fmha_vs_max((a), (b))
 #define FMHA_V_SELECT_GT(x, y, a, b) fmha_vs_select_gt((x), (y), (a), (b))
 #define FMHA_V_SELECT_EQ(x, y, a, b) fmha_vs_select_eq((x), (y), (a), (b))
@@ -531,6 +559,38 @@ FMHA_TARGET static void FMHA_SFX(fmha_softmax)(float *s, int64_t keys, float *m,
     }
 }
 
+FMHA_TARGET static void FMHA_SFX(fmha_softcap)(float *s, int64_t count, float c)
+{
+#if FMHA_ISA == FMHA_ISA_SCALAR
+#define FMHA_V_EXP2(x) fmha_v_exp2_scalar(x)
+#else
+#define FMHA_V_EXP2(x) FMHA_SFX(fmha_v_exp2)(x)
+#endif
+    const FMHA_VEC zero = FMHA_V_SET1(0.0f), one = FMHA_V_SET1(1.0f);
+    const FMHA_VEC inv = FMHA_V_SET1(1.0f / c), cv = FMHA_V_SET1(c);
+    const FMHA_VEC series_max = FMHA_V_SET1(FMHA_TANH_SERIES_MAX);
+    const FMHA_VEC to_exp2 = FMHA_V_SET1(-2.0f * FMHA_LOG2E_F);
+    for (int64_t e = 0; e < count; e += FMHA_LANES) {
+        FMHA_VEC y = FMHA_V_MUL(FMHA_V_LOAD(s + e), inv);
+        /* |y| with y second, so a NaN passes through */
+        FMHA_VEC a = FMHA_V_MAX(FMHA_V_SUB(zero, y), y);
+        FMHA_VEC y2 = FMHA_V_MUL(y, y);
+        FMHA_VEC poly = FMHA_V_SET1(FMHA_TANH_T15);
+        poly = FMHA_V_FMA(poly, y2, FMHA_V_SET1(FMHA_TANH_T13));
+        poly = FMHA_V_FMA(poly, y2, FMHA_V_SET1(FMHA_TANH_T11));
+        poly = FMHA_V_FMA(poly, y2, FMHA_V_SET1(FMHA_TANH_T9));
+        poly = FMHA_V_FMA(poly, y2, FMHA_V_SET1(FMHA_TANH_T7));
+        poly = FMHA_V_FMA(poly, y2, FMHA_V_SET1(FMHA_TANH_T5));
+        poly = FMHA_V_FMA(poly, y2, FMHA_V_SET1(FMHA_TANH_T3));
+        FMHA_VEC small = FMHA_V_FMA(FMHA_V_MUL(poly, y2), y, y);
+        FMHA_VEC ex = FMHA_V_EXP2(FMHA_V_MUL(a, to_exp2));
+        FMHA_VEC big = FMHA_V_DIV(FMHA_V_SUB(one, ex), FMHA_V_ADD(one, ex));
+        big = FMHA_V_SELECT_GT(zero, y, big, FMHA_V_SUB(zero, big));
+        FMHA_V_STORE(s + e, FMHA_V_MUL(cv, FMHA_V_SELECT_GT(a, series_max, small, big)));
+    }
+#undef FMHA_V_EXP2
+}
+
 #if FMHA_ISA != FMHA_ISA_SCALAR
 /* In-register 8 x 8 transpose (AVX2 shuffles; the AVX-512 build has AVX2 as well). */
 FMHA_TARGET static FMHA_ALWAYS_INLINE void FMHA_SFX(fmha_transpose8)(__m256 *r)
@@ -637,6 +697,7 @@ static const fmha_cpu_kernels FMHA_SFX(fmha_cpu_kernels) = {
     .gemm = FMHA_SFX(fmha_gemm),
     .mask = FMHA_SFX(fmha_mask),
     .softmax = FMHA_SFX(fmha_softmax),
+    .softcap = FMHA_SFX(fmha_softcap),
     .load_q = FMHA_SFX(fmha_load_q),
     .store_o = FMHA_SFX(fmha_store_o),
     .widen = FMHA_SFX(fmha_widen),
@@ -655,6 +716,7 @@ static const fmha_cpu_kernels FMHA_SFX(fmha_cpu_kernels) = {
 #undef FMHA_V_MUL
 #undef FMHA_V_ADD
 #undef FMHA_V_SUB
+#undef FMHA_V_DIV
 #undef FMHA_V_MAX
 #undef FMHA_V_MIN
 #undef FMHA_V_ROUND

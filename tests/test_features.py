@@ -188,6 +188,18 @@ def test_rows_that_see_no_key():
     assert np.isneginf(lse).all()
 
 
+@pytest.mark.parametrize("softcap", [0.01, 0.3, 1.0, 50.0, 1000.0])
+@pytest.mark.parametrize("q_scale", [1.0, 10.0])
+def test_softcap_accuracy_over_its_range(softcap, q_scale):
+    """The CPU's tanh (a series near 0, exp2 beyond) within the float32 bounds, from
+    scores well inside the cap to scores far past it."""
+    rng = np.random.default_rng(2402)
+    q, k, v = make_qkv(rng, 2, 40, 300, 4, 2, 64)
+    q = (q * np.float32(q_scale)).astype(np.float32)
+    for splits in (1, 3):
+        _check(q, k, v, softcap=softcap, num_splits=splits)
+
+
 def test_huge_softcap_and_sinks_of_minus_infinity_change_nothing_much():
     rng = np.random.default_rng(2401)
     q, k, v = make_qkv(rng, 1, 20, 70, 2, 2, 16)
