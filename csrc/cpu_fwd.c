@@ -17,13 +17,22 @@
  * rows, split); its rows are cut into tiles of kern->tile_rows rows that live
  * in the vector lanes (cpu_simd.h).  The item walks its split's key blocks
  * once, converting each K/V block to fp32 once for all its tiles, and runs
- * S = Q K^T, mask, online softmax and O += P V per tile.
+ * S = Q K^T, softcap, mask, online softmax and O += P V per tile.
+ *
+ * Model features (fmha.h).  A window bounds each row's keys on both sides: the
+ * splits share the blocks the sequence can see at all (from its first row's
+ * window start), an item walks only the blocks its rows see, a tile skips the
+ * blocks outside all of its rows' windows, and per-element masking runs on a
+ * block only where some row's window starts or ends inside it.  The softcap is
+ * applied to the log2-domain scores before the mask.  A sink joins the
+ * denominator once: in write_row when unsplit, in combine_row after the merge
+ * when split (partials never hold it).
  *
  * Determinism.  Each output row is written by exactly one item and computed
  * by the same operation sequence whatever tile, chunk, packing or thread it
- * lands in: the key-block boundaries are fixed by block_n and the split, a
- * key block that a tile skips (fully masked) would have left that row's state
- * bit-for-bit unchanged, and lanes never mix.  Splits are merged in split
+ * lands in: the key-block boundaries are fixed by block_n, the split and the
+ * sequence's window start, a key block that a tile skips (fully masked) would
+ * have left that row's state bit-for-bit unchanged, and lanes never mix.  Splits are merged in split
  * order.  So the bits depend on (problem, num_splits, block_n, ISA) only.
  */
 /* posix_memalign */

@@ -560,6 +560,12 @@ def test_torch_ops_carry_the_features():
     merged = fmha_native.combine(outs, lses, sinks=sinks)
     op_merged = torch.ops.fmha_native.combine(outs, lses, None, sinks)
     assert torch.equal(merged[0], op_merged[0]) and torch.equal(merged[1], op_merged[1])
+    scalars = dict(cache_seqlens=None, block_table=None, cu_seqlens_q=None, cu_seqlens_k=None,
+                   causal=True, softmax_scale=None, num_splits=2, return_lse=True,
+                   max_seqlen_q=None, max_seqlen_k=None, device="cpu", stream=None,
+                   window=[20, 0], softcap=3.0, sinks=sinks)
+    torch.library.opcheck(torch.ops.fmha_native.forward.default, (q, k, v), scalars)
+    torch.library.opcheck(torch.ops.fmha_native.combine.default, (outs, lses, None, sinks))
     with pytest.raises(ValueError, match="window"):
         fmha_native._torch_ops.call_forward(q, k, v, dict(window=(-3, 0)))
     with pytest.raises(ValueError, match="softcap"):
