@@ -840,7 +840,7 @@ static fmha_status validate(const fmha_fwd_params *p)
         return FMHA_ERR_INVALID;
     if (!dtype_valid(p->dtype))
         return FMHA_ERR_INVALID;
-    if (p->head_dim < 1 || p->head_dim > FMHA_CPU_HEAD_DIM_LIMIT)
+    if (p->head_dim < 1 || p->head_dim > FMHA_CPU_MAX_HEAD_DIM)
         return FMHA_ERR_UNSUPPORTED;
     if (p->window_left < -1 || p->window_right < -1 || !(p->softcap >= 0.0f) ||
         !isfinite(p->softcap))

@@ -274,10 +274,6 @@ typedef enum fmha_gate_id {
 /* The model features of a problem (FMHA_GATE_FEATURES' a). */
 enum { FMHA_FEATURE_WINDOW = 1, FMHA_FEATURE_SOFTCAP = 2, FMHA_FEATURE_SINKS = 4 };
 
-/* The CPU backend runs any head_dim from 1 to this (fmha_config.h's FMHA_CPU_MAX_HEAD_DIM
- * is the bound it had before issue 21). */
-#define FMHA_CPU_HEAD_DIM_LIMIT 512
-
 /* Why a GPU gate item named device is (not) met, in its `b`. */
 enum { FMHA_DEVICE_OK = 0, FMHA_DEVICE_NOT_BUILT = 1, FMHA_DEVICE_NONE_VISIBLE = 2 };
 

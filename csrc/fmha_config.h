@@ -102,7 +102,7 @@
 /* CPU tiles: query rows and keys per step (any head_dim 1..FMHA_CPU_MAX_HEAD_DIM). */
 #define FMHA_CPU_BLOCK_M 16
 #define FMHA_CPU_BLOCK_N 64
-#define FMHA_CPU_MAX_HEAD_DIM 256
+#define FMHA_CPU_MAX_HEAD_DIM 512
 
 /* Splits: upper bound on any forced split count. */
 #define FMHA_MAX_SPLITS 256

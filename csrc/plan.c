@@ -326,8 +326,8 @@ static void plan_cpu(const fmha_fwd_params *p, const fmha_target *t, int request
 {
     plan->backend = FMHA_BACKEND_CPU;
     gate_add(plan, FMHA_GATE_DTYPE, 1, p->dtype, 0);
-    gate_add(plan, FMHA_GATE_HEAD_DIM, p->head_dim >= 1 && p->head_dim <= FMHA_CPU_HEAD_DIM_LIMIT,
-             p->head_dim, FMHA_CPU_HEAD_DIM_LIMIT);
+    gate_add(plan, FMHA_GATE_HEAD_DIM, p->head_dim >= 1 && p->head_dim <= FMHA_CPU_MAX_HEAD_DIM,
+             p->head_dim, FMHA_CPU_MAX_HEAD_DIM);
     plan->kernel_id = FMHA_KERNEL_CPU_TILED;
     plan->block_m = FMHA_CPU_BLOCK_M;
     plan->block_n = FMHA_CPU_BLOCK_N;
