@@ -41,23 +41,30 @@ static int conv_flag(PyObject *obj, void *addr)
     return 1;
 }
 
+/* A real-number argument (bool refused) as *v; the TypeError says "<name> must be
+ * <expected>, got <type>".  1, or 0 with an exception set. */
+static int real_value(PyObject *obj, const char *name, const char *expected, double *v)
+{
+    if (!PyBool_Check(obj)) {
+        *v = PyFloat_AsDouble(obj);
+        if (!(*v == -1.0 && PyErr_Occurred()))
+            return 1;
+        PyErr_Clear();
+    }
+    PyErr_Format(PyExc_TypeError, "%s must be %s, got %.200s", name, expected,
+                 Py_TYPE(obj)->tp_name);
+    return 0;
+}
+
 static int conv_scale(PyObject *obj, void *addr)
 {
     fmha_opt_scale *s = addr;
     s->given = 0;
     if (obj == Py_None)
         return 1;
-    if (PyBool_Check(obj)) {
-        PyErr_SetString(PyExc_TypeError, "softmax_scale must be a real number or None, got bool");
+    double v;
+    if (!real_value(obj, "softmax_scale", "a real number or None", &v))
         return 0;
-    }
-    double v = PyFloat_AsDouble(obj);
-    if (v == -1.0 && PyErr_Occurred()) {
-        PyErr_Clear();
-        PyErr_Format(PyExc_TypeError, "softmax_scale must be a real number or None, got %.200s",
-                     Py_TYPE(obj)->tp_name);
-        return 0;
-    }
     if (!isfinite(v) || !isfinite((float)v)) {
         PyErr_Format(PyExc_ValueError, "softmax_scale must be finite in float32, got %R", obj);
         return 0;
@@ -229,17 +236,9 @@ static int conv_window(PyObject *obj, void *addr)
 static int conv_softcap(PyObject *obj, void *addr)
 {
     double *out = addr;
-    if (PyBool_Check(obj)) {
-        PyErr_SetString(PyExc_TypeError, "softcap must be a real number (0 = off), got bool");
+    double v;
+    if (!real_value(obj, "softcap", "a real number (0 = off)", &v))
         return 0;
-    }
-    double v = PyFloat_AsDouble(obj);
-    if (v == -1.0 && PyErr_Occurred()) {
-        PyErr_Clear();
-        PyErr_Format(PyExc_TypeError, "softcap must be a real number (0 = off), got %.200s",
-                     Py_TYPE(obj)->tp_name);
-        return 0;
-    }
     if (!(v >= 0.0) || !isfinite((float)v)) {
         PyErr_Format(PyExc_ValueError, "softcap must be 0 (off) or positive and finite, got %R",
                      obj);
