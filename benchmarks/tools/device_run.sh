@@ -28,9 +28,15 @@
 #   serving   benchmarks/bench_serving.py: paged decode vs contiguous, varlen vs dense
 #             (serving.json, serving.log)
 #   hostcost  benchmarks/host_overhead.py (host_overhead.log)
+#   features  benchmarks/bench_features.py: windows, softcap and sinks against the plain
+#             kernels (features.json, features.log)
+#   cp        benchmarks/bench_cp.py under torchrun, one process per visible GPU, NCCL
+#             (cp.json, cp.log); nvidia-smi topo -m first (topo.log)
 # BENCH_ARGS adds bench.py options (e.g. BENCH_ARGS="--set decode --reps 50").
 set -uo pipefail
 export PYTHONUNBUFFERED=1
+# NVLink multicast stays off on shared multi-GPU hosts (KINDS.md), in every child too.
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 OUT=${OUT:-/tmp/fmha_out}
 mkdir -p "$OUT"
 stages=${*:-build sass tests sanitize bench}
@@ -180,7 +186,20 @@ fi
 if has hostcost; then
   python3 benchmarks/host_overhead.py > "$OUT/host_overhead.log" 2>&1; note hostcost $? "$OUT/host_overhead.log"
 fi
+if has features; then
+  python3 benchmarks/bench_features.py --json "$OUT/features.json" > "$OUT/features.log" 2> "$OUT/features_rows.log"
+  note features $? "$OUT/features_rows.log"
+fi
+if has cp; then
+  gpus=$(nvidia-smi -L | wc -l)
+  nvidia-smi topo -m > "$OUT/topo.log" 2>&1
+  timeout "${CP_TIMEOUT:-300}" python3 -m torch.distributed.run --nproc_per_node="$gpus" \
+    benchmarks/bench_cp.py ${CP_ARGS:-} --json "$OUT/cp.json" > "$OUT/cp.log" 2>&1
+  note cp $? "$OUT/cp.log"
+fi
 echo "stages: ${summary[*]:-none}"
+has features && cat "$OUT/features.log"
+has cp && { head -8 "$OUT/topo.log"; tail -30 "$OUT/cp.log"; }
 has hostcost && tail -25 "$OUT/host_overhead.log"
 has serving && cat "$OUT/serving.log"
 has bench && cat "$OUT/bench.log"

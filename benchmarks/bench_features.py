@@ -1,0 +1,177 @@
+"""Model-features benchmark (issue 21): sliding windows, logit softcap and attention sinks
+on the GPU against the plain kernels, bf16, one process.
+
+Timing as in bench.py (CUDA events, median of --reps, calls interleaved round by round,
+L2 flushed before the memory-bound decode rows).  torch SDPA has no window, softcap or
+sink, so the peers (cuDNN, FA2) are timed on the plain problem of each row only, as the
+outside reference.
+
+    python benchmarks/bench_features.py [--reps 20] [--json out.json]
+
+Rows:
+  window   a windowed call against a dense call over the same number of visible keys per
+           row: prefill (B,H,H,S,S,D) causal with window (W, 0) against the non-causal
+           (B,H,H,S,W,D); decode (B,Hq,Hkv,1,L,D) at full length with window (W, 0)
+           against dense decode over W + 1 keys.  Target: windowed / dense <= 1.10.
+  cost     the same problem plain, with softcap 30, with sinks, and with both.  Target:
+           each feature / plain <= 1.05.
+Every windowed and feature result is checked against the plain kernel run on the keys
+it sees (max_diff).
+"""
+import argparse
+import json
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench  # noqa: E402  (timing and peers shared with bench.py)
+
+import fmha_native  # noqa: E402
+
+# (batch, heads_q, heads_kv, seqlen, head_dim, window)
+WINDOW_PREFILL = [
+    (1, 16, 16, 32768, 128, 4096),
+    (4, 32, 8, 16384, 128, 1024),
+    (2, 16, 16, 32768, 64, 4096),
+]
+# (batch, heads_q, heads_kv, cache length, head_dim, window)
+WINDOW_DECODE = [
+    (1, 32, 8, 131072, 128, 4096),
+    (16, 32, 8, 8192, 128, 1024),
+]
+# (batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim, causal)
+COST = [
+    (4, 32, 32, 8192, 8192, 128, True),
+    (8, 16, 16, 8192, 8192, 64, False),
+    (1, 32, 8, 1, 131072, 128, False),
+    (4, 32, 8, 16, 16384, 128, True),
+]
+SOFTCAP = 30.0
+
+
+def randn(*shape, gen):
+    return torch.randn(*shape, device="cuda", dtype=torch.bfloat16, generator=gen)
+
+
+def max_diff(a, b):
+    return (a.float() - b.float()).abs().max().item()
+
+
+def bench_window_prefill(shape, reps):
+    b, hq, hkv, s, d, w = shape
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = randn(b, s, hq, d, gen=gen), randn(b, s, hkv, d, gen=gen), randn(b, s, hkv, d, gen=gen)
+    # The dense problem: every row sees w keys (the windowed rows see w + 1 at most).
+    kd, vd = k[:, :w].contiguous(), v[:, :w].contiguous()
+    row = {"kind": "window_prefill", "shape": [b, hq, hkv, s, s, d, True], "window": [w, 0],
+           "windowed_plan": fmha_native.explain(q, k, v, causal=True, window=(w, 0))["kernel"],
+           "dense_plan": fmha_native.explain(q, kd, vd)["kernel"]}
+    fns = {"windowed": lambda: fmha_native.forward(q, k, v, causal=True, window=(w, 0)),
+           "dense": lambda: fmha_native.forward(q, kd, vd)}
+    for name, ms in bench.time_all(fns, reps, False).items():
+        row[name + "_ms"] = ms
+    # Check: the last query row sees keys [s - 1 - w, s - 1]: the plain kernel on them.
+    got = fmha_native.forward(q[:, -1:], k, v, causal=True, window=(w, 0))[0]
+    want = fmha_native.forward(q[:, -1:], k[:, s - 1 - w:], v[:, s - 1 - w:])[0]
+    row["max_diff"] = max_diff(got, want)
+    visible = b * hq * sum(min(i + 1, w + 1) for i in range(s))
+    row["windowed_tflops"] = 4.0 * visible * d / row["windowed_ms"] / 1e9
+    row["dense_tflops"] = bench.flops(b, hq, hkv, s, w, d, False) / row["dense_ms"] / 1e9
+    row["windowed_over_dense"] = row["windowed_ms"] / row["dense_ms"]
+    return row
+
+
+def bench_window_decode(shape, reps):
+    b, hq, hkv, length, d, w = shape
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    q = randn(b, 1, hq, d, gen=gen)
+    k, v = randn(b, length, hkv, d, gen=gen), randn(b, length, hkv, d, gen=gen)
+    lens = torch.full((b,), length, dtype=torch.int32, device="cuda")
+    kd, vd = k[:, length - 1 - w:].contiguous(), v[:, length - 1 - w:].contiguous()
+    lens_d = torch.full((b,), w + 1, dtype=torch.int32, device="cuda")
+    row = {"kind": "window_decode", "shape": [b, hq, hkv, 1, length, d, True], "window": [w, 0],
+           "windowed_plan": fmha_native.explain(q, k, v, causal=True, window=(w, 0),
+                                                cache_seqlens=lens)["kernel"],
+           "dense_plan": fmha_native.explain(q, kd, vd, cache_seqlens=lens_d)["kernel"]}
+    fns = {"windowed": lambda: fmha_native.forward(q, k, v, causal=True, window=(w, 0), cache_seqlens=lens),
+           "dense": lambda: fmha_native.forward(q, kd, vd, cache_seqlens=lens_d)}
+    for name, ms in bench.time_all(fns, reps, True).items():
+        row[name + "_ms"] = ms
+    row["max_diff"] = max_diff(fns["windowed"]()[0], fns["dense"]()[0])
+    row["windowed_over_dense"] = row["windowed_ms"] / row["dense_ms"]
+    return row
+
+
+def bench_cost(shape, reps):
+    b, hq, hkv, sq, sk, d, causal = shape
+    gen = torch.Generator(device="cuda").manual_seed(2)
+    q = randn(b, sq, hq, d, gen=gen)
+    k, v = randn(b, sk, hkv, d, gen=gen), randn(b, sk, hkv, d, gen=gen)
+    sinks = torch.randn(hq, device="cuda", dtype=torch.float32, generator=gen)
+    kw = {"causal": causal}
+    if sq == 1 or sq < sk:  # decode and speculative verify run against a cache
+        kw["cache_seqlens"] = torch.full((b,), sk, dtype=torch.int32, device="cuda")
+    variants = {"plain": {}, "softcap": {"softcap": SOFTCAP}, "sinks": {"sinks": sinks},
+                "both": {"softcap": SOFTCAP, "sinks": sinks}}
+    row = {"kind": "cost", "shape": [b, hq, hkv, sq, sk, d, causal],
+           "plans": {n: fmha_native.explain(q, k, v, **kw, **x)["kernel"] for n, x in variants.items()}}
+    fns = {n: (lambda x=x: fmha_native.forward(q, k, v, **kw, **x)) for n, x in variants.items()}
+    fns.update(bench.peer_fns(row, q, k, v, causal and sq == sk))
+    for name, ms in bench.time_all(fns, reps, sq <= 16).items():
+        row[name + "_ms"] = ms
+    for n in ("softcap", "sinks", "both"):
+        row[n + "_over_plain"] = row[n + "_ms"] / row["plain_ms"]
+    # sinks change only the denominator: out_sinks = out_plain * e^{lse - lse_sinks}
+    out_p, lse_p = fns["plain"]()
+    out_s, lse_s = fns["sinks"]()
+    want = out_p.float() * torch.exp(lse_p - lse_s).transpose(1, 2).unsqueeze(-1)
+    row["sinks_max_diff"] = max_diff(out_s, want)
+    return row
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    rows = []
+    for fn, shapes in ((bench_window_prefill, WINDOW_PREFILL), (bench_window_decode, WINDOW_DECODE),
+                       (bench_cost, COST)):
+        for shape in shapes:
+            try:
+                rows.append(fn(shape, args.reps))
+            except (NotImplementedError, RuntimeError, ValueError) as exc:
+                rows.append({"kind": fn.__name__, "shape": list(shape), "error": str(exc)[:200]})
+            print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
+            torch.cuda.empty_cache()
+    print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}  "
+          f"cuDNN {torch.backends.cudnn.version()}  fmha_native {fmha_native.info()['version']}")
+    print(f"{'window (B,Hq,Hkv,Sq,Sk,D) W':38s} {'win ms':>8s} {'dense ms':>8s} {'w/d':>6s} "
+          f"{'max diff':>8s}  plans (windowed / dense)")
+    for r in rows:
+        if "error" in r:
+            print(f"{r['kind']} {tuple(r['shape'])}: {r['error']}")
+        elif r["kind"].startswith("window"):
+            print(f"{str(tuple(r['shape'][:6])) + ' ' + str(r['window'][0]):38s} {r['windowed_ms']:8.4f} "
+                  f"{r['dense_ms']:8.4f} {r['windowed_over_dense']:6.3f} {r['max_diff']:8.1e}  "
+                  f"{r['windowed_plan']} / {r['dense_plan']}")
+    print(f"{'cost (B,Hq,Hkv,Sq,Sk,D,causal)':38s} {'plain ms':>8s} {'cap/p':>6s} {'sink/p':>6s} "
+          f"{'both/p':>6s} {'cudnn ms':>8s} {'fa2 ms':>8s} {'sink diff':>9s}  plan")
+    for r in rows:
+        if r["kind"] == "cost" and "error" not in r:
+            b, hq, hkv, sq, sk, d, c = r["shape"]
+            print(f"{str((b, hq, hkv, sq, sk, d, int(c))):38s} {r['plain_ms']:8.4f} "
+                  f"{r['softcap_over_plain']:6.3f} {r['sinks_over_plain']:6.3f} {r['both_over_plain']:6.3f} "
+                  f"{bench.fmt(r.get('cudnn_ms'), '8.4f')} {bench.fmt(r.get('flash_ms'), '8.4f')} "
+                  f"{r['sinks_max_diff']:9.1e}  {r['plans']['plain']} / {r['plans']['both']}")
+    print("command: python benchmarks/bench_features.py " + " ".join(sys.argv[1:]))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+                       "cudnn": torch.backends.cudnn.version(), "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
