@@ -35,8 +35,21 @@
  *             each walker its own (tile, split), or lets 2 or 4 of them share
  *             one split's key blocks and merge in shared memory
  *             (fmha_fwd_params.walkers_per_split)
+ *
+ * A row per head_dim whose 16-byte chunks divide a warp's 32 lanes (the tile
+ * loaders copy whole rows per pass): 32 (NVIDIA only: the MFMA operand reads
+ * walk whole 64-column panels; its shared-memory rows are padded by one chunk,
+ * kernels/fwd_mma.h smem_tile), 64, 128.  80, 96 and 192 need loaders for
+ * partial-row passes; 256 needs O split across warps (a warp's 16 rows of 256
+ * fp32 accumulators leave no registers: the decode tiles spill).
  */
+#if defined(FMHA_WITH_HIP)
+#define FMHA_GPU_NVIDIA_ROW(X, ...)
+#else
+#define FMHA_GPU_NVIDIA_ROW(X, ...) X(__VA_ARGS__)
+#endif
 #define FMHA_GPU_MMA_CONFIGS(X)    \
+    FMHA_GPU_NVIDIA_ROW(X, 32, 64, 128, 4, 3, 2, 1) \
     X(64, 64, 128, 4, 3, 2, 1)     \
     X(128, 64, 64, 4, 3, 2, 1)
 
@@ -48,8 +61,9 @@
  * split instead of needing four times the splits and a combine.  Same
  * fields as above.
  */
-#define FMHA_GPU_DECODE_CONFIGS(X)                                    \
-    X(64, 16, 64, FMHA_GPU_DECODE_WALKERS, 3, 1, FMHA_GPU_DECODE_WALKERS) \
+#define FMHA_GPU_DECODE_CONFIGS(X)                                     \
+    FMHA_GPU_NVIDIA_ROW(X, 32, 16, 64, FMHA_GPU_DECODE_WALKERS, 3, 1, FMHA_GPU_DECODE_WALKERS) \
+    X(64, 16, 64, FMHA_GPU_DECODE_WALKERS, 3, 1, FMHA_GPU_DECODE_WALKERS)  \
     X(128, 16, 32, FMHA_GPU_DECODE_WALKERS, 3, 1, FMHA_GPU_DECODE_WALKERS)
 /*
  * Hopper (sm_90a) warp-specialized prefill, one row per head_dim, same fields:

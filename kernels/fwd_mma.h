@@ -735,12 +735,13 @@ template <typename cfg> __host__ __device__ constexpr bool use_wgmma()
            (cfg::head_dim == 64 || cfg::head_dim == 128) && (cfg::block_n == 64 || cfg::block_n == 128);
 }
 
-/* Shared memory of one walker: its Q tile and K/V ring (whole 1024-byte
- * swizzle atoms, so every walker's tiles stay aligned). */
+/* Shared memory of one walker: its Q tile and K/V ring, rounded up to whole
+ * 1024-byte swizzle atoms (padded-row tiles are not), so every walker's tiles
+ * stay aligned. */
 template <typename cfg> constexpr int walker_smem_bytes()
 {
-    return smem_tile<cfg::block_m, cfg::head_dim>::BYTES +
-           2 * ring_stages(cfg::stages) * smem_tile<cfg::block_n, cfg::head_dim>::BYTES;
+    return (smem_tile<cfg::block_m, cfg::head_dim>::BYTES +
+            2 * ring_stages(cfg::stages) * smem_tile<cfg::block_n, cfg::head_dim>::BYTES + 1023) / 1024 * 1024;
 }
 
 /* The per-walker sizes of a tile config, as the pieces below use them. */
