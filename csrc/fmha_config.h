@@ -36,12 +36,14 @@
  *             one split's key blocks and merge in shared memory
  *             (fmha_fwd_params.walkers_per_split)
  *
- * A row per head_dim whose 16-byte chunks divide a warp's 32 lanes (the tile
- * loaders copy whole rows per pass): 32 (NVIDIA only: the MFMA operand reads
- * walk whole 64-column panels; its shared-memory rows are padded by one chunk,
- * kernels/fwd_mma.h smem_tile), 64, 128.  80, 96 and 192 need loaders for
- * partial-row passes; 256 needs O split across warps (a warp's 16 rows of 256
- * fp32 accumulators leave no registers: the decode tiles spill).
+ * Head dims are multiples of 16 (whole mma k-steps).  Those that are not
+ * multiples of 64 (32, 80, 96) pad each shared-memory row by one 16-byte chunk
+ * (kernels/fwd_mma.h smem_tile), never the caller's memory; 192 is three
+ * swizzled panels and takes 32 keys a step so two CTAs fit an SM.  32, 80, 96
+ * and 192 are NVIDIA only (the MFMA operand reads walk whole 64-column panels,
+ * and have been built for 64 and 128).  256 needs O split across warps: a
+ * warp's 16 rows of 256 fp32 accumulators leave no registers (the decode
+ * tiles spill).
  */
 #if defined(FMHA_WITH_HIP)
 #define FMHA_GPU_NVIDIA_ROW(X, ...)
@@ -51,7 +53,10 @@
 #define FMHA_GPU_MMA_CONFIGS(X)    \
     FMHA_GPU_NVIDIA_ROW(X, 32, 64, 128, 4, 3, 2, 1) \
     X(64, 64, 128, 4, 3, 2, 1)     \
-    X(128, 64, 64, 4, 3, 2, 1)
+    FMHA_GPU_NVIDIA_ROW(X, 80, 64, 64, 4, 3, 2, 1)  \
+    FMHA_GPU_NVIDIA_ROW(X, 96, 64, 64, 4, 3, 2, 1)  \
+    X(128, 64, 64, 4, 3, 2, 1)     \
+    FMHA_GPU_NVIDIA_ROW(X, 192, 64, 32, 4, 3, 2, 1)
 
 /*
  * GPU decode tiles, for few rows per kv head (decode, speculative decoding):
@@ -64,7 +69,10 @@
 #define FMHA_GPU_DECODE_CONFIGS(X)                                     \
     FMHA_GPU_NVIDIA_ROW(X, 32, 16, 64, FMHA_GPU_DECODE_WALKERS, 3, 1, FMHA_GPU_DECODE_WALKERS) \
     X(64, 16, 64, FMHA_GPU_DECODE_WALKERS, 3, 1, FMHA_GPU_DECODE_WALKERS)  \
-    X(128, 16, 32, FMHA_GPU_DECODE_WALKERS, 3, 1, FMHA_GPU_DECODE_WALKERS)
+    FMHA_GPU_NVIDIA_ROW(X, 80, 16, 32, FMHA_GPU_DECODE_WALKERS, 3, 1, FMHA_GPU_DECODE_WALKERS) \
+    FMHA_GPU_NVIDIA_ROW(X, 96, 16, 32, FMHA_GPU_DECODE_WALKERS, 2, 1, FMHA_GPU_DECODE_WALKERS) \
+    X(128, 16, 32, FMHA_GPU_DECODE_WALKERS, 3, 1, FMHA_GPU_DECODE_WALKERS) \
+    FMHA_GPU_NVIDIA_ROW(X, 192, 16, 16, FMHA_GPU_DECODE_WALKERS, 2, 1, FMHA_GPU_DECODE_WALKERS)
 /*
  * Hopper (sm_90a) warp-specialized prefill, one row per head_dim, same fields:
  * one producer warpgroup (TMA loads) and block_m / 64 consumer warpgroups of 64

@@ -61,6 +61,9 @@ struct tile_config {
     static_assert(STAGES >= 1, "at least one K/V stage");
 };
 
+/* The least power of two >= n (n >= 1). */
+constexpr int pow2_at_least(int n) { return n <= 1 ? 1 : 2 * pow2_at_least((n + 1) / 2); }
+
 /*
  * A ROWS x HEAD_DIM tile of 16-bit elements in shared memory, in 16-byte
  * chunks.  When HEAD_DIM is a multiple of 64 the tile is stored as 64-column
@@ -71,6 +74,10 @@ struct tile_config {
  */
 template <int ROWS, int HEAD_DIM> struct smem_tile {
     static constexpr int CHUNKS = HEAD_DIM / ELEMS_PER_CHUNK;
+    /* Threads per row in the K/V loaders: CHUNKS rounded up to a power of two, so a
+     * pass of a warp's lanes copies whole rows; lanes past CHUNKS copy nothing. */
+    static constexpr int LOAD_CHUNKS = pow2_at_least(CHUNKS);
+    __device__ static bool copies(int chunk) { return LOAD_CHUNKS == CHUNKS || chunk < CHUNKS; }
     static constexpr int PANEL_CHUNKS = 8; /* 128-byte rows */
     static constexpr bool SWIZZLED = CHUNKS % PANEL_CHUNKS == 0;
     static constexpr int ROW_BYTES = SWIZZLED ? PANEL_CHUNKS * 16 : (CHUNKS + 1) * 16;
@@ -147,10 +154,12 @@ __device__ __forceinline__ void load_rows(const Copy &put, const T *first_row, i
                                           int64_t valid_rows, int tid)
 {
     using tile = smem_tile<ROWS, HEAD_DIM>;
-    static_assert(THREADS % tile::CHUNKS == 0, "a pass of the threads copies whole rows");
-    constexpr int ROWS_PER_PASS = THREADS / tile::CHUNKS;
+    static_assert(THREADS % tile::LOAD_CHUNKS == 0, "a pass of the threads copies whole rows");
+    constexpr int ROWS_PER_PASS = THREADS / tile::LOAD_CHUNKS;
     static_assert(ROWS % ROWS_PER_PASS == 0, "the passes cover the tile exactly");
-    const int row0 = tid / tile::CHUNKS, chunk = tid % tile::CHUNKS;
+    const int row0 = tid / tile::LOAD_CHUNKS, chunk = tid % tile::LOAD_CHUNKS;
+    if (!tile::copies(chunk))
+        return;
     const int64_t pass_stride = ROWS_PER_PASS * row_stride;
     const T *src = first_row + row0 * row_stride + chunk * ELEMS_PER_CHUNK;
 #pragma unroll
@@ -187,8 +196,8 @@ __device__ const uint4 zero_chunk = {0u, 0u, 0u, 0u};
  */
 template <int ROWS, int HEAD_DIM, int THREADS> struct paged_rows {
     using tile = smem_tile<ROWS, HEAD_DIM>;
-    static_assert(THREADS % tile::CHUNKS == 0, "a pass of the threads copies whole rows");
-    static constexpr int ROWS_PER_PASS = THREADS / tile::CHUNKS;
+    static_assert(THREADS % tile::LOAD_CHUNKS == 0, "a pass of the threads copies whole rows");
+    static constexpr int ROWS_PER_PASS = THREADS / tile::LOAD_CHUNKS;
     static_assert(ROWS % 16 == 0 && ROWS % ROWS_PER_PASS == 0, "the passes cover whole 16-row groups");
     static_assert(ROWS_PER_PASS <= 16 ? 16 % ROWS_PER_PASS == 0 : ROWS_PER_PASS % 16 == 0,
                   "a run of passes stays inside one 16-row group");
@@ -232,7 +241,7 @@ template <int ROWS, int HEAD_DIM, int THREADS> struct paged_rows {
     __device__ __forceinline__ paged_rows(const fmha_fwd_params &p, int first_block, int block_step, int tid)
     {
         page_size = (int32_t)p.page_size;
-        const fmha_qr at = fmha_divide((int64_t)first_block * ROWS + tid / tile::CHUNKS, page_size);
+        const fmha_qr at = fmha_divide((int64_t)first_block * ROWS + tid / tile::LOAD_CHUNKS, page_size);
         const fmha_qr step = fmha_divide((int64_t)block_step * ROWS, page_size);
         slot = at.q;
         row = (int32_t)at.r;
@@ -248,7 +257,7 @@ template <int ROWS, int HEAD_DIM, int THREADS> struct paged_rows {
         out.row = row;
         /* Keys of the sequence from this thread's first row on, clamped to the block
          * (32-bit compares below); the run's rows ascend: none is valid past its first. */
-        const int64_t left = len_k - (n_block * ROWS + tid / tile::CHUNKS);
+        const int64_t left = len_k - (n_block * ROWS + tid / tile::LOAD_CHUNKS);
         const int32_t keys_left = left < 0 ? 0 : left > ROWS ? ROWS : (int32_t)left;
         const int32_t *entry = table + slot;
         int32_t ds = 0, r = row; /* slots past `slot`, and the row, of each run */
@@ -270,7 +279,9 @@ template <int ROWS, int HEAD_DIM, int THREADS> struct paged_rows {
                                          const fmha_fwd_params &p, const pages &at, int64_t valid_rows,
                                          int tid) const
     {
-        const int row0 = tid / tile::CHUNKS, chunk = tid % tile::CHUNKS;
+        const int row0 = tid / tile::LOAD_CHUNKS, chunk = tid % tile::LOAD_CHUNKS;
+        if (!tile::copies(chunk))
+            return;
         const T *nan_src = reinterpret_cast<const T *>(&nan_chunk);
         const T *zero_src = reinterpret_cast<const T *>(&zero_chunk);
         int32_t unused_slot = 0, r = at.row;

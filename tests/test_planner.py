@@ -84,20 +84,20 @@ def test_gate_refuses_float32(device):
     assert plan["error"].startswith("float32 is not supported by the GPU kernels"), plan["error"]
 
 
-@pytest.mark.parametrize("head_dim", [48, 80, 96, 256])
+@pytest.mark.parametrize("head_dim", [48, 112, 256, 320])
 def test_gate_refuses_other_head_dims_and_says_so_first(head_dim):
     plan = plan_for(problem(head_dim=head_dim), H100)
     assert plan["supported"] is False and plan["gate"]["head_dim"]["met"] is False
-    want = (f"head_dim {head_dim} is not supported by the GPU kernels (they cover 32, 64, 128); "
+    want = (f"head_dim {head_dim} is not supported by the GPU kernels (they cover 32, 64, 80, 96, 128, 192); "
             'device="cpu" runs it')
     assert plan["error"].startswith(want), plan["error"]
     assert plan["reason"].startswith(f"head_dim {head_dim} is not supported")
 
 
 def test_gate_lists_every_unmet_requirement():
-    plan = plan_for(problem(head_dim=96, dtype="float32"), T4)
+    plan = plan_for(problem(head_dim=112, dtype="float32"), T4)
     first = plan["error"].split(". ")[0]
-    for needle in ("compute capability 7.5", "float32", "head_dim 96"):
+    for needle in ("compute capability 7.5", "float32", "head_dim 112"):
         assert needle in first, plan["error"]
 
 
