@@ -300,7 +300,7 @@ def context_parallel_decode(q, k_cache, v_cache, *, cache_seqlens, group=None,
     """
     torch, dist = _modules()
     _check_tensors(torch, [("q", q), ("k_cache", k_cache), ("v_cache", v_cache)])
-    _, world, _ = _group_of(dist, group)
+    rank, world, _ = _group_of(dist, group)
     q = _fn._no_grad_input("q", q)
     k_cache = _fn._no_grad_input("k_cache", k_cache)
     v_cache = _fn._no_grad_input("v_cache", v_cache)
@@ -315,24 +315,22 @@ def context_parallel_decode(q, k_cache, v_cache, *, cache_seqlens, group=None,
             return result if return_lse else result[0]
         batch, seqlen_q, heads_q, head_dim = q.shape
         # One message per rank carries both partials: out's bytes, then lse's, each
-        # starting on a 16-byte boundary.
+        # starting on a 16-byte boundary.  The ranks' messages are gathered in place:
+        # this rank's forward writes straight into its own slot of the gathered buffer
+        # (one allocation, no copy of the message; NCCL and gloo both take an input
+        # that is the output's slot of this rank).
         out_bytes = batch * seqlen_q * heads_q * head_dim * q.element_size()
         lse_at = _round_up(out_bytes, 16)
         lse_bytes = batch * heads_q * seqlen_q * 4
         size = _round_up(lse_at + lse_bytes, 16)
-        message = torch.empty(size, dtype=torch.uint8, device=q.device)
-        out_local = message[:out_bytes].view(q.dtype).view(q.shape)
-        lse_local = message[lse_at:lse_at + lse_bytes].view(torch.float32).view(
-            batch, heads_q, seqlen_q)
-        _fn.forward(q, k_cache, v_cache, out=out_local, lse=lse_local, **kw)
-        if size == 0:
-            return (out_local, lse_local) if return_lse else out_local
-        gathered = torch.empty(world * size, dtype=torch.uint8, device=q.device)
-        _all_gather(dist, gathered, message, group)
-        gathered = gathered.view(world, size)
+        gathered = torch.empty((world, size), dtype=torch.uint8, device=q.device)
         outs = gathered[:, :out_bytes].view(q.dtype).view((world,) + tuple(q.shape))
         lses = gathered[:, lse_at:lse_at + lse_bytes].view(torch.float32).view(
             world, batch, heads_q, seqlen_q)
+        _fn.forward(q, k_cache, v_cache, out=outs[rank], lse=lses[rank], **kw)
+        if size == 0:
+            return (outs[rank], lses[rank]) if return_lse else outs[rank]
+        _all_gather(dist, gathered.view(-1), gathered[rank], group)
         out, lse = _fn.combine(outs, lses)
     return (out, lse) if return_lse else out
 
