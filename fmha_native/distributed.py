@@ -29,8 +29,9 @@ Without a mask the layout does not matter: every query sees every key.
 The merge is exact: each visible block gives a partial state (out normalised by its own
 row sum, and its log-sum-exp), and ``fmha_native.combine`` merges partials into the state
 of the union of their keys (DESIGN.md, combine).  The ring keeps its running state in
-float32 whatever the inputs' dtype, so a partial is rounded to q's dtype once (by the
-forward that makes it) and the result once at the end, never in between.
+float32 whatever the inputs' dtype, and each block's forward writes its partial straight
+into a float32 slot (forward's out_dtype=float32), so no partial is ever rounded: only the
+result is, once, to q's dtype (or not at all with out_dtype=float32).
 """
 import fmha_native as _fn
 
@@ -84,6 +85,15 @@ def _check_tensors(torch, names_and_tensors):
                             "share one dtype")
 
 
+def _float32_out(torch, q, out_dtype):
+    """Whether the result is float32: out_dtype float32 (any spelling forward takes), or
+    float32 inputs; ValueError naming out_dtype for anything but None and float32."""
+    if out_dtype is not None and not _fn._out_dtype_is_float32(out_dtype):
+        raise ValueError(f"out_dtype must be None (q's dtype) or float32 (\"float32\", "
+                         f"torch.float32 or numpy.float32), got {out_dtype!r}")
+    return out_dtype is not None or q.dtype == torch.float32
+
+
 def _choice(name, value, allowed):
     if not isinstance(value, str) or value not in allowed:
         raise ValueError(f"{name} must be one of {', '.join(repr(a) for a in allowed)}, got "
@@ -130,7 +140,8 @@ def _ring_blocks(rank, world, seqlen_q, seqlen_k, causal, layout):
 
 
 def context_parallel_forward(q, k, v, *, group=None, causal=False, softmax_scale=None,
-                             method="ring", layout="contiguous", return_lse=True):
+                             method="ring", layout="contiguous", return_lse=True,
+                             out_dtype=None):
     """Attention over a sequence sharded across the ranks of ``group``: (out, lse), or out
     when ``return_lse`` is false.
 
@@ -143,8 +154,10 @@ def context_parallel_forward(q, k, v, *, group=None, causal=False, softmax_scale
     on CUDA) while the block in hand is computed, skipping blocks the mask hides, and
     merges in float32; "allgather" gathers K/V with all_gather_into_tensor and runs one
     forward over the visible keys (per local chunk for zigzag).  GQA, float16, bfloat16
-    and (CPU) float32 as fmha_native.forward takes them.  Every rank must pass the same
-    shapes, dtype, causal, method and layout.  Forward only (no autograd).
+    and (CPU) float32 as fmha_native.forward takes them.  ``out_dtype``: None (out like
+    q) or float32 (out float32 for float16/bfloat16 inputs, never rounded).  Every rank
+    must pass the same shapes, dtype, causal, method, layout and out_dtype.  Forward only
+    (no autograd).
     """
     torch, dist = _modules()
     _check_tensors(torch, [("q", q), ("k", k), ("v", v)])
@@ -162,20 +175,23 @@ def context_parallel_forward(q, k, v, *, group=None, causal=False, softmax_scale
     if causal and layout == "zigzag" and q.shape[1] % 2:
         raise ValueError(f"layout='zigzag' holds two equal chunks per rank: q.shape[1] and "
                          f"k.shape[1] must be even, got {q.shape[1]}")
+    f32 = _float32_out(torch, q, out_dtype)
     q = _fn._no_grad_input("q", q)
     k, v = _fn._no_grad_input("k", k), _fn._no_grad_input("v", v)
     rank, world, global_rank = _group_of(dist, group)
     if not causal:
         layout = "contiguous"  # every query sees every key: the layout does not matter
+    out_dtype = "float32" if f32 else None
     with torch.no_grad():
         if world == 1:
-            result = _fn.forward(q, k, v, causal=causal, softmax_scale=softmax_scale)
+            result = _fn.forward(q, k, v, causal=causal, softmax_scale=softmax_scale,
+                                 out_dtype=out_dtype)
         elif method == "ring":
             result = _ring(torch, dist, q, k, v, causal, softmax_scale, layout, group, rank,
-                           world, global_rank)
+                           world, global_rank, f32_result=f32)
         else:
             result = _allgather(torch, dist, q, k, v, causal, softmax_scale, layout, group,
-                                rank, world)
+                                rank, world, out_dtype)
     return result if return_lse else result[0]
 
 
@@ -187,9 +203,10 @@ def _side_stream(torch, device):
 
 
 def _ring(torch, dist, q, k, v, causal, scale, layout, group, rank, world, global_rank,
-          communicate=True):
+          communicate=True, f32_result=False):
     """The ring method; communicate=False (benchmarks/bench_cp.py's compute-only time)
-    runs the same blocks and merges on this rank's own K/V, sending nothing."""
+    runs the same blocks and merges on this rank's own K/V, sending nothing.  The result
+    is float32 when f32_result, else q's dtype."""
     batch, seqlen_q, heads_q, head_dim = q.shape
     f32 = torch.float32
     dev = q.device
@@ -198,9 +215,6 @@ def _ring(torch, dist, q, k, v, causal, scale, layout, group, rank, world, globa
     lbuf = torch.empty((2, batch, heads_q, seqlen_q), dtype=f32, device=dev)
     # combine's lse may not overlap its lses: the merged lse lands here, then in slot 0.
     lse_merged = torch.empty((batch, heads_q, seqlen_q), dtype=f32, device=dev)
-    # Partials of float16/bfloat16 inputs come in q's dtype (forward writes its
-    # inputs' dtype) and are widened into slot 1.
-    part = None if q.dtype == f32 else torch.empty_like(q)
     current = _pack_kv(torch, k, v)
     spare = torch.empty_like(current)
     send_to, recv_from = global_rank((rank + 1) % world), global_rank((rank - 1) % world)
@@ -224,11 +238,9 @@ def _ring(torch, dist, q, k, v, causal, scale, layout, group, rank, world, globa
             slot = 0 if step == 0 else 1  # step 0 is the diagonal: it sees every row
             out_view = obuf[slot][:, rows]
             lse_view = lbuf[slot][:, :, rows]
+            # A float32 out for any input dtype: the partial is never rounded.
             _fn.forward(q[:, rows], current[:, keys, 0], current[:, keys, 1],
-                        causal=block_causal, softmax_scale=scale,
-                        out=out_view if part is None else part[:, rows], lse=lse_view)
-            if part is not None:
-                out_view.copy_(part[:, rows])
+                        causal=block_causal, softmax_scale=scale, out=out_view, lse=lse_view)
             if slot == 1:
                 # out= is exactly partial 0 of the stack: combine reads a row's partials
                 # before writing it.
@@ -239,11 +251,11 @@ def _ring(torch, dist, q, k, v, causal, scale, layout, group, rank, world, globa
             request.wait()  # on CUDA: the current stream waits for the transfer
         if communicate:
             current, spare = spare, current
-    out = obuf[0].to(q.dtype) if part is not None else obuf[0].clone()
+    out = obuf[0].clone() if f32_result or q.dtype == f32 else obuf[0].to(q.dtype)
     return out, lbuf[0].clone()
 
 
-def _allgather(torch, dist, q, k, v, causal, scale, layout, group, rank, world):
+def _allgather(torch, dist, q, k, v, causal, scale, layout, group, rank, world, out_dtype):
     batch, seqlen_k, heads_kv, head_dim = k.shape
     kv = _pack_kv(torch, k, v)
     # Shards concatenated along dim 0 (the form every backend takes, gloo included).
@@ -257,7 +269,8 @@ def _allgather(torch, dist, q, k, v, causal, scale, layout, group, rank, world):
         shards = gathered[:rank + 1] if causal else gathered
         keys = shards.transpose(0, 1).reshape(batch, shards.shape[0] * seqlen_k, 2, heads_kv,
                                               head_dim)
-        return _fn.forward(q, keys[:, :, 0], keys[:, :, 1], causal=causal, softmax_scale=scale)
+        return _fn.forward(q, keys[:, :, 0], keys[:, :, 1], causal=causal, softmax_scale=scale,
+                           out_dtype=out_dtype)
     # zigzag: chunk p < W is rank p's first chunk, chunk p >= W rank 2W-1-p's second.  The
     # later local chunk (2W-1-rank) sees chunks 0 .. 2W-1-rank; the earlier one (rank) a
     # prefix of those.
@@ -269,7 +282,7 @@ def _allgather(torch, dist, q, k, v, causal, scale, layout, group, rank, world):
     keys[:, :world].copy_(halves[:, :, 0].transpose(0, 1))
     keys[:, world:].copy_(halves[rank:, :, 1].flip(0).transpose(0, 1))
     keys = keys.view(batch, count * chunk, 2, heads_kv, head_dim)
-    out = torch.empty_like(q)
+    out = torch.empty(q.shape, dtype=torch.float32 if out_dtype else q.dtype, device=q.device)
     lse = torch.empty((batch, q.shape[2], q.shape[1]), dtype=torch.float32, device=q.device)
     for rows, visible in ((slice(0, chunk), (rank + 1) * chunk),
                           (slice(chunk, 2 * chunk), count * chunk)):
@@ -282,7 +295,7 @@ def _allgather(torch, dist, q, k, v, causal, scale, layout, group, rank, world):
 
 def context_parallel_decode(q, k_cache, v_cache, *, cache_seqlens, group=None,
                             block_table=None, softmax_scale=None, max_seqlen_k=None,
-                            return_lse=True):
+                            return_lse=True, out_dtype=None):
     """Attention of q over a KV cache sharded across the ranks of ``group``: (out, lse),
     or out when ``return_lse`` is false.
 
@@ -296,11 +309,14 @@ def context_parallel_decode(q, k_cache, v_cache, *, cache_seqlens, group=None,
     the whole result: out like q, lse float32 [batch, heads_q, seqlen_q].  No host reads
     of device tensors (device cache_seqlens are never copied to the host), so a step can
     be captured in a CUDA graph.  ``max_seqlen_k``: forward's plan hint (the most keys a
-    shard holds for one sequence).
+    shard holds for one sequence).  ``out_dtype``: None (out like q: the partials travel
+    in q's dtype, half the bytes of float32, each rounded once before the merge) or
+    float32 (partials and result in float32, never rounded).
     """
     torch, dist = _modules()
     _check_tensors(torch, [("q", q), ("k_cache", k_cache), ("v_cache", v_cache)])
     rank, world, _ = _group_of(dist, group)
+    f32 = _float32_out(torch, q, out_dtype)
     q = _fn._no_grad_input("q", q)
     k_cache = _fn._no_grad_input("k_cache", k_cache)
     v_cache = _fn._no_grad_input("v_cache", v_cache)
@@ -311,20 +327,21 @@ def context_parallel_decode(q, k_cache, v_cache, *, cache_seqlens, group=None,
         kw["max_seqlen_k"] = max_seqlen_k
     with torch.no_grad():
         if world == 1:
-            result = _fn.forward(q, k_cache, v_cache, **kw)
+            result = _fn.forward(q, k_cache, v_cache, out_dtype="float32" if f32 else None, **kw)
             return result if return_lse else result[0]
         batch, seqlen_q, heads_q, head_dim = q.shape
+        part = torch.float32 if f32 else q.dtype
         # One message per rank carries both partials: out's bytes, then lse's, each
         # starting on a 16-byte boundary.  The ranks' messages are gathered in place:
         # this rank's forward writes straight into its own slot of the gathered buffer
         # (one allocation, no copy of the message; NCCL and gloo both take an input
         # that is the output's slot of this rank).
-        out_bytes = batch * seqlen_q * heads_q * head_dim * q.element_size()
+        out_bytes = batch * seqlen_q * heads_q * head_dim * (4 if f32 else q.element_size())
         lse_at = _round_up(out_bytes, 16)
         lse_bytes = batch * heads_q * seqlen_q * 4
         size = _round_up(lse_at + lse_bytes, 16)
         gathered = torch.empty((world, size), dtype=torch.uint8, device=q.device)
-        outs = gathered[:, :out_bytes].view(q.dtype).view((world,) + tuple(q.shape))
+        outs = gathered[:, :out_bytes].view(part).view((world,) + tuple(q.shape))
         lses = gathered[:, lse_at:lse_at + lse_bytes].view(torch.float32).view(
             world, batch, heads_q, seqlen_q)
         _fn.forward(q, k_cache, v_cache, out=outs[rank], lse=lses[rank], **kw)

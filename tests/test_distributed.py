@@ -71,6 +71,12 @@ def _prefill_cases(world, gpu):
         cases.append(dict(method=method, layout="contiguous", causal=False, dtype=dtype,
                           batch=2, local_q=5, local_k=9, heads_q=2, heads_kv=2,
                           head_dim=head_dim))
+    # out_dtype=float32 for bfloat16 inputs: no partial and no result is rounded.
+    for method in ("ring", "allgather"):
+        for layout in ("contiguous", "zigzag"):
+            cases.append(dict(method=method, layout=layout, causal=True, dtype="bf16",
+                              batch=1, local_q=6, local_k=6, heads_q=4, heads_kv=2,
+                              head_dim=head_dim, out_dtype="float32"))
     # world 3: a sub-group whose rank 0 is global rank 1 (the ring's peers are global
     # ranks); world 2: a group of one rank (no communication at all).
     for method in ("ring", "allgather"):
@@ -82,8 +88,8 @@ def _prefill_cases(world, gpu):
         case["name"] = (f"{case['method']}-{case['layout']}-"
                         f"{'causal' if case['causal'] else 'full'}-{case['dtype']}-"
                         f"q{case['local_q']}k{case['local_k']}h{case['heads_q']}/"
-                        f"{case['heads_kv']}" + _group_tag(case) +
-                        f"-{i}")
+                        f"{case['heads_kv']}" + _group_tag(case) + _window_tag(case) +
+                        _out_tag(case) + f"-{i}")
     return cases
 
 
@@ -99,11 +105,22 @@ def _decode_cases(world, gpu):
     cases.append(dict(kind="decode", dtype=dtypes[0], paged=False, batch=2, seqlen_q=1,
                       heads_q=2, heads_kv=1, head_dim=head_dim,
                       group=[1, 2] if world == 3 else [0]))
+    for paged in (False, True):
+        cases.append(dict(kind="decode", dtype="bf16", paged=paged, batch=4, seqlen_q=2,
+                          heads_q=4, heads_kv=2, head_dim=head_dim, out_dtype="float32"))
     for i, case in enumerate(cases):
         case["name"] = (f"decode-{case['dtype']}-{'paged' if case['paged'] else 'dense'}-"
-                        f"sq{case['seqlen_q']}" + _group_tag(case) +
+                        f"sq{case['seqlen_q']}" + _group_tag(case) + _out_tag(case) +
                         f"-{i}")
     return cases
+
+
+def _window_tag(case):
+    return "-window{}_{}".format(*case["window"]) if case.get("window") else ""
+
+
+def _out_tag(case):
+    return "-out" + case["out_dtype"] if case.get("out_dtype") else ""
 
 
 def _group_tag(case):
@@ -201,17 +218,19 @@ def _run_case(case, rank, world, groups, device):
     inputs = {key: value.to(device) if torch.is_tensor(value) else value
               for key, value in case["ranks"][members.index(rank)].items()}
     if case["kind"] == "prefill":
+        extra = {"window": case["window"]} if case.get("window") else {}
         return context_parallel_forward(
             inputs["q"], inputs["k"], inputs["v"], group=group, causal=case["causal"],
             softmax_scale=case.get("softmax_scale"), method=case["method"],
-            layout=case["layout"])
+            layout=case["layout"], out_dtype=case.get("out_dtype"), **extra)
     out, lse = context_parallel_decode(
         inputs["q"], inputs["k"], inputs["v"], cache_seqlens=inputs["cache_seqlens"],
-        block_table=inputs.get("block_table"), group=group)
+        block_table=inputs.get("block_table"), group=group, out_dtype=case.get("out_dtype"))
     # return_lse=False gives the same out.
     alone = context_parallel_decode(
         inputs["q"], inputs["k"], inputs["v"], cache_seqlens=inputs["cache_seqlens"],
-        block_table=inputs.get("block_table"), group=group, return_lse=False)
+        block_table=inputs.get("block_table"), group=group, return_lse=False,
+        out_dtype=case.get("out_dtype"))
     assert torch.equal(alone, out)
     return out, lse
 
@@ -296,6 +315,7 @@ def _all_cases(backend, world):
     cases = _prefill_cases(world, gpu) + _decode_cases(world, gpu)
     for case in cases:
         (_prepare_prefill if case["kind"] == "prefill" else _prepare_decode)(case, world, gen)
+        case["gpu"] = gpu
     return cases
 
 
@@ -325,13 +345,21 @@ def _expected(case, device):
     full = case["full"]
     if case["kind"] == "prefill":
         kw = {"causal": case["causal"], "softmax_scale": case.get("softmax_scale")}
+        if case.get("window"):
+            kw["window"] = case["window"]
     else:
         kw = {"cache_seqlens": full["cache_seqlens"]}
     dev = {key: value.to(device) for key, value in full.items()}
     if case["kind"] == "decode":
         dev["cache_seqlens"] = full["cache_seqlens"].to(device)
         kw["cache_seqlens"] = dev["cache_seqlens"]
-    one = fmha_native.forward(dev["q"], dev["k"], dev["v"], **kw)
+    # A window runs on the CPU backend (GPU kernels for it may not be built yet).
+    one_dev = "cpu" if case.get("window") else device
+    dev = {key: value.to(one_dev) for key, value in dev.items()}
+    if "cache_seqlens" in kw:
+        kw["cache_seqlens"] = dev["cache_seqlens"]
+    one = fmha_native.forward(dev["q"], dev["k"], dev["v"], out_dtype=case.get("out_dtype"),
+                              **kw)
     ref_kw = dict(kw)
     if case["kind"] == "decode":
         ref_kw["cache_seqlens"] = full["cache_seqlens"].numpy()
@@ -349,9 +377,14 @@ def _check(case, rank_out, rank_lse, one, ref, rows, what):
     out, lse = _f64(rank_out), _f64(rank_lse)
     one_out, one_lse = _f64(one[0])[:, rows], _f64(one[1])[:, :, rows]
     ref_out, ref_lse = ref[0][:, rows], ref[1][:, :, rows]
-    assert rank_out.dtype == DTYPES[case["dtype"]] and rank_lse.dtype == torch.float32, what
-    assert_close(out, lse, ref_out, ref_lse, case["dtype"], what=what)
-    if case["dtype"] == "f32":
+    f32_out = case.get("out_dtype") == "float32"
+    out_dtype = torch.float32 if f32_out else DTYPES[case["dtype"]]
+    assert rank_out.dtype == out_dtype and rank_lse.dtype == torch.float32, what
+    # out_dtype=float32 on the CPU: nothing is rounded after the fp32 math, so the float32
+    # bound holds for bfloat16 inputs too (GPU tiles round P to bfloat16: its own bound).
+    bound = "f32" if f32_out and not case["gpu"] else case["dtype"]
+    assert_close(out, lse, ref_out, ref_lse, bound, what=what)
+    if case["dtype"] == "f32" or (f32_out and not case["gpu"]):
         # Same arithmetic up to the order of the merge: close to the last bits.
         fin = np.isfinite(one_lse)
         assert np.array_equal(np.isneginf(lse), np.isneginf(one_lse)), what
@@ -408,6 +441,8 @@ def _small(dtype=torch.float32):
     (dict(q=torch.zeros(1, 5, 2, 16), k=torch.zeros(1, 5, 2, 16), v=torch.zeros(1, 5, 2, 16),
           causal=True, layout="zigzag"), ValueError, "even"),
     (dict(v=torch.zeros(1, 5, 2, 16)), ValueError, "one shape"),
+    (dict(out_dtype="bfloat16"), ValueError, "out_dtype"),
+    (dict(out_dtype=torch.float16), ValueError, "out_dtype"),
     ({}, ValueError, "init_process_group"),
 ])
 def test_forward_argument_errors(change, error, match):
