@@ -71,6 +71,20 @@ def _prefill_cases(world, gpu):
         cases.append(dict(method=method, layout="contiguous", causal=False, dtype=dtype,
                           batch=2, local_q=5, local_k=9, heads_q=2, heads_kv=2,
                           head_dim=head_dim))
+    # Causal windows, both methods and layouts: narrower than a chunk (blocks of other
+    # ranks drop rows or vanish), about a shard, wider than the sequence, right -1.
+    if not gpu or _gpu_has_windows():
+        for method in ("ring", "allgather"):
+            for layout in ("contiguous", "zigzag"):
+                for window in ((0, 0), (2, 0), (5, -1), (9, 0), (200, 0)):
+                    for dtype in dtypes:
+                        cases.append(dict(method=method, layout=layout, causal=True,
+                                          dtype=dtype, batch=1, local_q=6, local_k=6,
+                                          heads_q=4, heads_kv=2, head_dim=head_dim,
+                                          window=window))
+            cases.append(dict(method=method, layout="zigzag", causal=True, dtype=dtypes[-1],
+                              batch=2, local_q=8, local_k=8, heads_q=2, heads_kv=1,
+                              head_dim=head_dim, window=(3, 0)))
     # out_dtype=float32 for bfloat16 inputs: no partial and no result is rounded.
     for method in ("ring", "allgather"):
         for layout in ("contiguous", "zigzag"):
@@ -91,6 +105,18 @@ def _prefill_cases(world, gpu):
                         f"{case['heads_kv']}" + _group_tag(case) + _window_tag(case) +
                         _out_tag(case) + f"-{i}")
     return cases
+
+
+def _gpu_has_windows():
+    """Whether the GPU kernels run a causal window (the CPU always does)."""
+    if not torch.cuda.is_available() or not fmha_native.info().get("devices"):
+        return False
+    x = torch.zeros(1, 16, 2, 64, dtype=torch.bfloat16, device="cuda")
+    try:
+        plan = fmha_native.explain(x, x, x, causal=True, window=(4, 0))
+    except NotImplementedError:
+        return False
+    return bool(plan.get("supported"))
 
 
 def _decode_cases(world, gpu):
@@ -442,6 +468,10 @@ def _small(dtype=torch.float32):
           causal=True, layout="zigzag"), ValueError, "even"),
     (dict(v=torch.zeros(1, 5, 2, 16)), ValueError, "one shape"),
     (dict(out_dtype="bfloat16"), ValueError, "out_dtype"),
+    (dict(window=(4, 0)), NotImplementedError, "window"),
+    (dict(window=(4, 2), causal=True), ValueError, "window"),
+    (dict(window=(-2, 0), causal=True), ValueError, "window"),
+    (dict(window=4, causal=True), TypeError, "window"),
     (dict(out_dtype=torch.float16), ValueError, "out_dtype"),
     ({}, ValueError, "init_process_group"),
 ])
@@ -455,6 +485,73 @@ def test_forward_argument_errors(change, error, match):
     kw.update(change)
     with pytest.raises(error, match=match):
         context_parallel_forward(kw.pop("q"), kw.pop("k"), kw.pop("v"), **kw)
+
+
+def _covered(calls, nq, nk):
+    """How often each (local query row, local key row) pair is attended by the calls,
+    under forward's rule: a call of sq rows and sk keys puts row i at position
+    i + sk - sq, causal keeps keys <= it, window (left, right) those within."""
+    counts = np.zeros((nq, nk), int)
+    for rows, keys, causal, window in calls:
+        sq, sk = rows.stop - rows.start, keys.stop - keys.start
+        for i in range(sq):
+            pos = i + sk - sq
+            for j in range(sk):
+                ok = j <= pos if causal else True
+                if window is not None:
+                    wl, wr = window
+                    wr = 0 if causal else wr
+                    ok = ok and (wl < 0 or j >= pos - wl) and (wr < 0 or j <= pos + wr)
+                counts[rows.start + i, keys.start + j] += ok
+    return counts
+
+
+def _visible(q_pos, k_pos, left):
+    return np.array([[int(p - left <= j <= p) for j in k_pos] for p in q_pos])
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+@pytest.mark.parametrize("layout", ["contiguous", "zigzag"])
+@pytest.mark.parametrize("local", [2, 6, 7])
+def test_window_calls_cover_exactly_the_window(world, layout, local):
+    """Every (rank, source rank) block of the ring, for windows from 0 to past the
+    sequence: each visible pair is attended exactly once, nothing else at all."""
+    from fmha_native.distributed import _chunks, _window_calls
+
+    if layout == "zigzag" and local % 2:
+        pytest.skip("zigzag holds two equal chunks")
+    for left in (0, 1, 2, 3, local - 1, local, local + 1, 2 * local + 3, 10 * local * world):
+        for rank in range(world):
+            mine = _chunks(layout, rank, world, local)
+            q_pos = [p for a, b in mine for p in range(a, b)]
+            for src in range(world):
+                theirs = _chunks(layout, src, world, local)
+                k_pos = [p for a, b in theirs for p in range(a, b)]
+                calls = _window_calls(mine, theirs, left)
+                got = _covered(calls, len(q_pos), len(k_pos))
+                want = _visible(q_pos, k_pos, left)
+                assert np.array_equal(got, want), (left, rank, src, calls)
+                # No call attends to nothing, and rows are never given twice in one call.
+                assert all(r.stop > r.start and c.stop > c.start for r, c, _, _ in calls)
+
+
+@pytest.mark.parametrize("q_range, k_range", [((5, 9), (0, 9)), ((5, 9), (2, 4)),
+                                              ((5, 9), (9, 12)), ((0, 3), (0, 3))])
+def test_window_calls_prefix_and_before(q_range, k_range):
+    """The all-gather's prefix blocks and arbitrary key ranges before the queries."""
+    from fmha_native.distributed import _window_calls
+
+    for left in range(0, 12):
+        calls = _window_calls([q_range], [k_range], left)
+        got = _covered(calls, q_range[1] - q_range[0], k_range[1] - k_range[0])
+        assert np.array_equal(got, _visible(range(*q_range), range(*k_range), left)), left
+
+
+def test_window_calls_refuse_other_overlaps():
+    from fmha_native.distributed import _window_calls
+
+    with pytest.raises(ValueError, match="overlap"):
+        _window_calls([(4, 8)], [(2, 6)], 3)
 
 
 def test_decode_needs_a_group():
