@@ -417,8 +417,9 @@ def explain(q, k, v, **kw):
     """The plan forward would run with the same arguments, as a dict.
 
     The plan, without running it: backend, kernel, effective
-    num_splits, block_m, block_n, pack_gqa, reason, gate ({requirement: {"met",
-    "why"}}), supported, and the problem's dimensions.  Validates like forward.
+    num_splits, partials (producers write fp32 partials and the combine writes out),
+    block_m, block_n, pack_gqa, reason, gate ({requirement: {"met", "why"}}), supported,
+    and the problem's dimensions, dtype and out_dtype.  Validates like forward.
     """
     if _library(q) is None:
         return _C.explain(q, k, v, **kw)

@@ -77,6 +77,14 @@ def _check(backend, dtype, q, k, v, fresh=None, **kw):
         np.testing.assert_array_equal(_rounded_to(as_f64(out32), dtype), as_f64(out16))
         return
     assert err32 <= OUT_RTOL[dtype] and err32 < err16, (err32, err16)
+    # Where both outs come from one producer (the 16-bit one may run the sm90 kernel,
+    # which writes no partials), the 16-bit out is the float32 one rounded.
+    plans = [fmha_native.explain(backend.put(q), backend.put(k), backend.put(v),
+                                 **backend.device_kw(), **extra,
+                                 **{key: backend.put(val) for key, val in kw.items()})
+             for extra in ({"out_dtype": "float32"}, {})]
+    if plans[0]["kernel"].replace("+combine", "") != plans[1]["kernel"].replace("+combine", ""):
+        return
     o32, o16 = as_f64(out32), as_f64(out16)
     ok = ~np.isnan(o32)
     diff = np.abs(_rounded_to(o32, dtype) - o16)[ok]
