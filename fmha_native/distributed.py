@@ -324,7 +324,13 @@ def _ring(torch, dist, q, k, v, causal, scale, layout, group, rank, world, globa
           communicate=True, f32_result=False, left=None):
     """The ring method; communicate=False (benchmarks/bench_cp.py's compute-only time)
     runs the same blocks and merges on this rank's own K/V, sending nothing.  The result
-    is float32 when f32_result, else q's dtype; left: a causal window's left bound."""
+    is float32 when f32_result, else q's dtype; left: a causal window's left bound.
+
+    Each block's partial is written in float32 (forward's out_dtype), so none is rounded,
+    except where that would give up the kernel its 16-bit plan runs (the sm90 kernel
+    writes no fp32 partials, and runs a block much faster than the tiles that do) and the
+    caller did not ask for a float32 result: such a block's partial is rounded to q's
+    dtype once, by the forward, and widened into its float32 slot."""
     batch, seqlen_q, heads_q, head_dim = q.shape
     f32 = torch.float32
     dev = q.device
@@ -333,6 +339,8 @@ def _ring(torch, dist, q, k, v, causal, scale, layout, group, rank, world, globa
     lbuf = torch.empty((2, batch, heads_q, seqlen_q), dtype=f32, device=dev)
     # combine's lse may not overlap its lses: the merged lse lands here, then in slot 0.
     lse_merged = torch.empty((batch, heads_q, seqlen_q), dtype=f32, device=dev)
+    part = None  # q-dtype partials of the blocks _wide_partials says no to, made at first use
+    wide = {}    # (rows, keys, causal, window) -> whether its partial is written in float32
     current = _pack_kv(torch, k, v)
     spare = torch.empty_like(current)
     send_to, recv_from = global_rank((rank + 1) % world), global_rank((rank - 1) % world)
@@ -364,10 +372,17 @@ def _ring(torch, dist, q, k, v, causal, scale, layout, group, rank, world, globa
             out_view = obuf[slot][:, rows]
             lse_view = lbuf[slot][:, :, rows]
             extra = {} if block_window is None else {"window": block_window}
-            # A float32 out for any input dtype: the partial is never rounded.
-            _fn.forward(q[:, rows], current[:, keys, 0], current[:, keys, 1],
-                        causal=block_causal, softmax_scale=scale, out=out_view, lse=lse_view,
-                        **extra)
+            args = (q[:, rows], current[:, keys, 0], current[:, keys, 1])
+            kw = dict(causal=block_causal, softmax_scale=scale, **extra)
+            shape = (rows.start, rows.stop, keys.start, keys.stop, block_causal, block_window)
+            if shape not in wide:
+                wide[shape] = f32_result or _wide_partials(torch, args, kw)
+            if wide[shape]:
+                _fn.forward(*args, out=out_view, lse=lse_view, **kw)
+            else:
+                part = torch.empty_like(q) if part is None else part
+                _fn.forward(*args, out=part[:, rows], lse=lse_view, **kw)
+                out_view.copy_(part[:, rows])
             if slot == 1:
                 # out= is exactly partial 0 of the stack: combine reads a row's partials
                 # before writing it.
@@ -380,6 +395,18 @@ def _ring(torch, dist, q, k, v, causal, scale, layout, group, rank, world, globa
             current, spare = spare, current
     out = obuf[0].clone() if f32_result or q.dtype == f32 else obuf[0].to(q.dtype)
     return out, lbuf[0].clone()
+
+
+def _wide_partials(torch, args, kw):
+    """Whether a ring block's partial is written in float32: always for float32 inputs and
+    on the CPU; on a GPU unless forward's 16-bit plan for the block runs another producer
+    than its float32 plan (the sm90 kernel, which writes no fp32 partials)."""
+    q = args[0]
+    if q.dtype == torch.float32 or not q.is_cuda:
+        return True
+    narrow = _fn.explain(*args, **kw)["kernel"]
+    return _fn.explain(*args, out_dtype="float32", **kw)["kernel"].replace(
+        "+combine", "") == narrow.replace("+combine", "")
 
 
 def _allgather(torch, dist, q, k, v, causal, scale, layout, group, rank, world, out_dtype,

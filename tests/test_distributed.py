@@ -554,6 +554,39 @@ def test_window_calls_refuse_other_overlaps():
         _window_calls([(4, 8)], [(2, 6)], 3)
 
 
+@pytest.mark.parametrize("wide", [True, False])
+def test_ring_partials_float32_or_rounded_once(monkeypatch, wide):
+    """The ring's two ways of making a block's partial, in one process (rank 1 of 2 with
+    no transfers: its own K/V stand for rank 0's too): float32 (the CPU, and GPU blocks
+    whose producer writes fp32 partials) or rounded to q's dtype and widened (GPU blocks
+    the sm90 kernel runs); _wide_partials decides per distinct block, and not at all when
+    the caller asks for a float32 result."""
+    from fmha_native import distributed as cp
+
+    gen = torch.Generator().manual_seed(9)
+    q, k, v = (torch.randn(1, 8, 2, 32, generator=gen).bfloat16() for _ in range(3))
+    asked = []
+    monkeypatch.setattr(cp, "_wide_partials",
+                        lambda torch_, args, kw: asked.append(args[0].shape[1]) or wide)
+
+    def run(f32_result):
+        return cp._ring(torch, dist, q, k, v, True, None, "contiguous", None, 1, 2,
+                        lambda i: i, communicate=False, f32_result=f32_result)
+
+    out, lse = run(False)
+    assert sorted(asked) == [8, 8] and out.dtype == torch.bfloat16
+    # Keys 0..7 (rank 0's, here the same values) then 8..15 causally.
+    kk, vv = torch.cat([k, k], 1), torch.cat([v, v], 1)
+    ref_out, ref_lse = reference.forward(q, kk, vv, causal=True)
+    assert_close(_f64(out), _f64(lse), ref_out, ref_lse, "bf16")
+    asked.clear()
+    out32, lse32 = run(True)
+    assert not asked and out32.dtype == torch.float32
+    assert_close(_f64(out32), _f64(lse32), ref_out, ref_lse, "f32")
+    if wide:  # the same float32 partials: the 16-bit result is the float32 one rounded
+        assert torch.equal(out32.bfloat16(), out)
+
+
 def test_decode_needs_a_group():
     from fmha_native.distributed import context_parallel_decode
 
