@@ -20,7 +20,12 @@ Rows:
   dcp decode       (1,32,8,1,L,128): one GPU holds all L keys, W GPUs about L/W each
                    (device cache_seqlens), context_parallel_decode: one-GPU ms / W-GPU ms
                    (target >= 1.8x on 2 GPUs); also replayed from a captured CUDA graph
-                   where capture works (decode_graph_ms)
+                   where capture works (decode_graph_ms).  A single timed call also
+                   holds each rank's first launch after the barrier and the ranks'
+                   start skew, so the steady-state row runs --steps decode steps back
+                   to back per repetition (no sync between them), for the one-GPU call
+                   and for DCP alike: one_gpu_step_ms, dcp_step_ms (ms per step) and
+                   step_speedup
 Prints a table and the command, torch and NCCL versions for benchmarks/RESULTS.md.
 """
 import argparse
@@ -145,7 +150,15 @@ def bench_prefill(shape, dtype, device, timer, reps, rank, world):
     return row
 
 
-def bench_decode(shape, dtype, device, timer, reps, rank, world, graph):
+def back_to_back(fn, steps):
+    """fn run `steps` times in a row, with nothing between the calls."""
+    def run():
+        for _ in range(steps):
+            fn()
+    return run
+
+
+def bench_decode(shape, dtype, device, timer, reps, rank, world, graph, steps):
     b, hq, hkv, length, d = shape
     # Rank r holds keys [lo, hi) of every sequence (shards differ by one key at most).
     lo, hi = rank * length // world, (rank + 1) * length // world
@@ -156,8 +169,12 @@ def bench_decode(shape, dtype, device, timer, reps, rank, world, graph):
     full_lens = torch.full((b,), length, dtype=torch.int32, device=device)
     row = {"kind": "decode", "shape": [b, hq, hkv, 1, length, d, False], "world": world}
     one = fmha_native.forward(q, k, v, cache_seqlens=full_lens)
-    row["one_gpu_ms"] = time_alone(
-        timer, lambda: fmha_native.forward(q, k, v, cache_seqlens=full_lens), reps * 4)
+    def one_gpu():
+        return fmha_native.forward(q, k, v, cache_seqlens=full_lens)
+
+    row["one_gpu_ms"] = time_alone(timer, one_gpu, reps * 4)
+    row["steps"] = steps
+    row["one_gpu_step_ms"] = time_alone(timer, back_to_back(one_gpu, steps), reps) / steps
     kl = k[:, lo:hi].contiguous()
     vl = v[:, lo:hi].contiguous()
     del k, v
@@ -170,6 +187,8 @@ def bench_decode(shape, dtype, device, timer, reps, rank, world, graph):
     row["max_rel_err"] = max_over_ranks(rel_err(out, one[0]), device)
     row["dcp_ms"] = time_world(timer, call, reps * 4)
     row["speedup"] = row["one_gpu_ms"] / row["dcp_ms"]
+    row["dcp_step_ms"] = time_world(timer, back_to_back(call, steps), reps) / steps
+    row["step_speedup"] = row["one_gpu_step_ms"] / row["dcp_step_ms"]
     if graph and device.type == "cuda":
         try:
             side = torch.cuda.Stream(device)
@@ -196,6 +215,9 @@ def main():
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                         help="cpu: gloo and float32 (checks the script, times nothing useful)")
     parser.add_argument("--no-graph", action="store_true", help="skip the captured decode")
+    parser.add_argument("--steps", type=int, default=20,
+                        help="decode steps back to back per timed repetition of the "
+                             "steady-state row (default 20)")
     parser.add_argument("--json", help="write the rows here (rank 0)")
     args = parser.parse_args()
 
@@ -216,7 +238,7 @@ def main():
     with torch.no_grad():
         rows = [bench_prefill(prefill, dtype, device, timer, args.reps, rank, world),
                 bench_decode(decode, dtype, device, timer, args.reps, rank, world,
-                             not args.no_graph)]
+                             not args.no_graph, max(1, args.steps))]
     if rank == 0:
         meta = {"command": "torchrun --nproc_per_node=%d %s" % (world, " ".join(sys.argv)),
                 "torch": torch.__version__, "world": world,
@@ -235,7 +257,9 @@ def main():
               f"({p['ring_over_compute']:.3f}x)")
         graph = (f", graph {dc['decode_graph_ms']:.3f} ms" if "decode_graph_ms" in dc else "")
         print(f"decode {tuple(dc['shape'])} on {world}: one GPU {dc['one_gpu_ms']:.3f} ms, "
-              f"dcp {dc['dcp_ms']:.3f} ms ({dc['speedup']:.2f}x){graph}")
+              f"dcp {dc['dcp_ms']:.3f} ms ({dc['speedup']:.2f}x){graph}; {dc['steps']} steps "
+              f"back to back: one GPU {dc['one_gpu_step_ms']:.3f} ms/step, dcp "
+              f"{dc['dcp_step_ms']:.3f} ms/step ({dc['step_speedup']:.2f}x)")
         if args.json:
             with open(args.json, "w") as f:
                 json.dump({"meta": meta, "rows": rows}, f, indent=1)

@@ -248,6 +248,44 @@ static int conv_softcap(PyObject *obj, void *addr)
     return 1;
 }
 
+/*
+ * out_dtype: None (q's dtype) or float32, spelled as any of the libraries the inputs may
+ * come from spell it: the string "float32", torch.float32, numpy.float32 or
+ * numpy.dtype("float32") (CuPy uses NumPy's).  Recognised by their type's name and their
+ * str(), so no library is imported here.
+ */
+static int conv_out_dtype(PyObject *obj, void *addr)
+{
+    int *out = addr;
+    *out = 0;
+    if (obj == Py_None)
+        return 1;
+    int ok = 0;
+    if (PyUnicode_Check(obj)) {
+        ok = PyUnicode_CompareWithASCIIString(obj, "float32") == 0;
+    } else if (PyType_Check(obj)) {
+        ok = strcmp(((PyTypeObject *)obj)->tp_name, "numpy.float32") == 0;
+    } else {
+        const char *type = Py_TYPE(obj)->tp_name;
+        const char *want = strcmp(type, "torch.dtype") == 0 ? "torch.float32"
+                           : strncmp(type, "numpy.", 6) == 0 ? "float32" : NULL;
+        if (want) {
+            PyObject *text = PyObject_Str(obj);
+            if (!text)
+                return 0;
+            ok = PyUnicode_CompareWithASCIIString(text, want) == 0;
+            Py_DECREF(text);
+        }
+    }
+    if (!ok) {
+        PyErr_Format(PyExc_ValueError, "out_dtype must be None (q's dtype) or float32 (\"float32\", "
+                     "torch.float32 or numpy.float32), got %R", obj);
+        return 0;
+    }
+    *out = 1;
+    return 1;
+}
+
 /* ------------------------------------------------------------------------ */
 /* Specs                                                                     */
 /* ------------------------------------------------------------------------ */
@@ -291,6 +329,7 @@ static const fmha_arg forward_args[] = {
     FWD_ARG(WINDOW, conv_window, window),
     FWD_ARG(SOFTCAP, conv_softcap, softcap),
     FWD_ARG(SINKS, conv_object, sinks),
+    FWD_ARG(OUT_DTYPE, conv_out_dtype, out_f32),
 };
 #undef FWD_ARG
 static const fmha_arg_spec forward_spec = {

@@ -48,7 +48,7 @@ typedef struct fmha_opt_window {
 /* forward(q, k, v, *, causal, softmax_scale, num_splits, return_lse, out,
  * lse, device, stream, cache_seqlens, k_new, v_new, max_seqlen_k,
  * block_table, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, window, softcap,
- * sinks); explain takes the same.
+ * sinks, out_dtype); explain takes the same.
  * Tensor arguments not given are Py_None. */
 typedef struct fmha_fwd_args {
     PyObject *q, *k, *v;
@@ -67,6 +67,7 @@ typedef struct fmha_fwd_args {
     fmha_opt_window window;     /* sliding window (left, right) */
     double softcap;             /* >= 0, finite in float32; 0 = off */
     PyObject *sinks;            /* float32 [heads_q] attention-sink logits */
+    int out_f32;                /* out_dtype=float32 given (0: None, out like q or out='s) */
 } fmha_fwd_args;
 
 /* combine(outs, lses, *, out, lse, stream, sinks) */

@@ -148,6 +148,10 @@ static void fwd_fill_problem(fmha_fwd_call *c)
     p->seqlen_k = g->seqlen_k;
     p->heads_kv = g->heads_kv;
     p->dtype = (fmha_dtype)c->t.q.elem;
+    /* out's dtype: the caller's out (validated: q's or float32), else out_dtype's */
+    p->out_dtype = c->t.out.present ? (fmha_dtype)c->t.out.elem
+                   : c->a.out_f32   ? FMHA_DTYPE_F32
+                                    : p->dtype;
     p->causal = c->a.causal;
     double scale = c->a.scale.given ? c->a.scale.value : 1.0 / sqrt((double)p->head_dim);
     p->softmax_scale = (float)scale;
@@ -346,7 +350,9 @@ static int require_rows_aligned(const fmha_fwd_call *c)
     const fmha_tensor *in[] = {&t->q, &t->k, &t->v, &t->k_new, &t->v_new};
     for (size_t i = 0; i < sizeof in / sizeof in[0] + 1; i++) {
         const fmha_tensor *x = i < sizeof in / sizeof in[0] ? in[i] : &t->out;
-        int64_t align = x == &t->out ? FMHA_GPU_ALIGN_OUT : FMHA_GPU_ALIGN_IN;
+        /* an out of another dtype than q's is written by the combine alone: any layout */
+        int64_t align = x != &t->out ? FMHA_GPU_ALIGN_IN
+                        : x->elem == t->q.elem ? FMHA_GPU_ALIGN_OUT : 1;
         int64_t bs, rs, hs;
         if (!x->present || !x->on_gpu || fmha_tensor_numel(x) == 0)
             continue;
@@ -389,7 +395,8 @@ static int fwd_outputs(fmha_module_state *st, fmha_fwd_call *c)
     int64_t packed_lse_shape[2] = {c->g.heads_q, c->g.total_q};
     int packed = c->g.varlen_q;
     if (!(c->out_obj = take_output(st, &c->ctx, c->a.out, &c->t.q, on_gpu, c->gpu_device,
-                                   c->t.q.ndim, c->t.q.shape, c->t.q.elem, &c->t.out)))
+                                   c->t.q.ndim, c->t.q.shape, (fmha_elem)c->p.out_dtype,
+                                   &c->t.out)))
         return -1;
     if ((c->a.lse != Py_None || c->a.return_lse) &&
         !(c->lse_obj = take_output(st, &c->ctx, c->a.lse, NULL, on_gpu, c->gpu_device,

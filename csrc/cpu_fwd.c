@@ -619,7 +619,7 @@ static void write_row(const fwd_job *job, float *vals, float m, float l, int64_t
         return;
     }
     int64_t off = qrow_off(p, g, b, i, p->o_batch_stride, p->o_row_stride) + h * p->o_head_stride;
-    switch (p->dtype) {
+    switch (p->out_dtype) {
     case FMHA_DTYPE_F32:
         memcpy((float *)p->out + off, vals, row_bytes);
         break;
@@ -838,7 +838,8 @@ static fmha_status validate(const fmha_fwd_params *p)
     if (p->batch < 0 || p->seqlen_q < 0 || p->seqlen_k < 0 || p->heads_q < 0 ||
         p->heads_kv < 1 || p->heads_q % p->heads_kv != 0 || p->seqlen_new < 0)
         return FMHA_ERR_INVALID;
-    if (!dtype_valid(p->dtype))
+    /* out: the inputs' dtype, or fp32 (fmha.h) */
+    if (!dtype_valid(p->dtype) || (p->out_dtype != p->dtype && p->out_dtype != FMHA_DTYPE_F32))
         return FMHA_ERR_INVALID;
     if (p->head_dim < 1 || p->head_dim > FMHA_CPU_MAX_HEAD_DIM)
         return FMHA_ERR_UNSUPPORTED;
@@ -1019,7 +1020,7 @@ fmha_status fmha_cpu_fwd(fmha_fwd_params *p)
         c.heads = p->heads_q;
         c.head_dim = p->head_dim;
         c.in_dtype = FMHA_DTYPE_F32;
-        c.out_dtype = p->dtype;
+        c.out_dtype = p->out_dtype;
         c.o_partial = job.o_accum;
         c.op_head_stride = p->head_dim;
         c.op_row_stride = p->heads_q * c.op_head_stride;

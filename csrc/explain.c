@@ -234,7 +234,7 @@ static void kernel_name(const fmha_fwd_params *p, const fmha_plan *plan, char *b
         snprintf(buf, len, "fwd_%s<%s,d%lld%s%s>%s%s",
                  plan->kernel_id == FMHA_KERNEL_GPU_DECODE ? "decode" : "mma", dtype_name(p->dtype),
                  (long long)p->head_dim, p->causal ? ",causal" : "", plan->pack_gqa ? ",pack_gqa" : "",
-                 plan->walkers_per_split > 1 ? "+merge" : "", plan->num_splits > 1 ? "+combine" : "");
+                 plan->walkers_per_split > 1 ? "+merge" : "", plan->partials ? "+combine" : "");
 }
 
 /* Why this split count. */
@@ -346,6 +346,10 @@ static void sm90_not_used(const fmha_fwd_params *p, const fmha_plan *plan, const
         snprintf(why, sizeof why, "on its tiles, one CTA per SM, the split rule splits the keys, "
                  "which it cannot");
         break;
+    case FMHA_SM90_OUT_DTYPE:
+        snprintf(why, sizeof why, "out_dtype %s needs fp32 partials and the combine, which it "
+                 "does not write", dtype_name(p->out_dtype));
+        break;
     default:
         buf[0] = '\0';
         return;
@@ -381,10 +385,16 @@ static void plan_reason(const fmha_fwd_params *p, const fmha_plan *plan, const f
                  plan->schedule == FMHA_SM90_PINGPONG ? "in ping-pong" : "interleaved", why);
     } else {
         sm90_not_used(p, plan, t, not_sm90, sizeof not_sm90);
-        snprintf(buf, len, "%s tensor-core tiles %dx%d%s%s; %s%s",
+        char widen[160] = "";
+        if (p->out_dtype != p->dtype)
+            snprintf(widen, sizeof widen, "; out_dtype %s: the producers write fp32 partials and "
+                     "the combine writes out in %s, even with one split",
+                     dtype_name(p->out_dtype), dtype_name(p->out_dtype));
+        snprintf(buf, len, "%s tensor-core tiles %dx%d%s%s; %s%s%s",
                  plan->kernel_id == FMHA_KERNEL_GPU_DECODE ? "decode (few rows per kv head)" : "prefill",
                  plan->block_m, plan->block_n, plan->pack_gqa ? ", query heads of a kv head packed" : "",
-                 not_sm90, why, plan->kv_read_once ? "; K/V small next to L2: read with evict-first" : "");
+                 not_sm90, why, plan->kv_read_once ? "; K/V small next to L2: read with evict-first" : "",
+                 widen);
     }
 }
 
@@ -558,6 +568,8 @@ PyObject *fmha_explain_dict(const fmha_explain_input *in)
         fmha_dict_set(d, "heads_kv", PyLong_FromLongLong(p->heads_kv)) < 0 ||
         fmha_dict_set(d, "head_dim", PyLong_FromLongLong(p->head_dim)) < 0 ||
         fmha_dict_set(d, "dtype", PyUnicode_FromString(dtype_name(p->dtype))) < 0 ||
+        fmha_dict_set(d, "out_dtype", PyUnicode_FromString(dtype_name(p->out_dtype))) < 0 ||
+        fmha_dict_set(d, "partials", PyBool_FromLong(!in->empty && plan->partials)) < 0 ||
         fmha_dict_set(d, "causal", PyBool_FromLong(p->causal)) < 0 ||
         fmha_dict_set(d, "softmax_scale", PyFloat_FromDouble(p->softmax_scale)) < 0 ||
         fmha_dict_set(d, "kv_cache", PyBool_FromLong(in->kv_cache)) < 0 ||
@@ -759,7 +771,7 @@ PyObject *fmha_explain_plan_for_device(PyObject *module, PyObject *args, PyObjec
     fmha_fwd_params p;
     memset(&p, 0, sizeof p);
     int64_t causal = 0, misaligned = 0, softcap = 0, sinks = 0;
-    char dtype[32];
+    char dtype[32], out_dtype[32];
     p.window_left = p.window_right = -1;
     if (get_int(prob, "problem", "batch", 1, big, -1, &p.batch) < 0 ||
         get_int(prob, "problem", "seqlen_q", 1, big, -1, &p.seqlen_q) < 0 ||
@@ -774,8 +786,13 @@ PyObject *fmha_explain_plan_for_device(PyObject *module, PyObject *args, PyObjec
         get_int(prob, "problem", "window_right", -1, big, -1, &p.window_right) < 0 ||
         get_int(prob, "problem", "softcap", 0, 1 << 20, 0, &softcap) < 0 ||
         get_int(prob, "problem", "sinks", 0, 1, 0, &sinks) < 0 ||
-        get_str(prob, "dtype", "float16", dtype, sizeof dtype) < 0 || dtype_from_name(dtype, &p.dtype) < 0)
+        get_str(prob, "dtype", "float16", dtype, sizeof dtype) < 0 || dtype_from_name(dtype, &p.dtype) < 0 ||
+        get_str(prob, "out_dtype", dtype, out_dtype, sizeof out_dtype) < 0 ||
+        dtype_from_name(out_dtype, &p.out_dtype) < 0)
         return NULL;
+    if (p.out_dtype != p.dtype && p.out_dtype != FMHA_DTYPE_F32)
+        return PyErr_Format(PyExc_ValueError, "problem['out_dtype'] must be the dtype "
+                            "(%s) or float32, got %s", dtype, out_dtype);
     if (p.heads_q % p.heads_kv != 0)
         return PyErr_Format(PyExc_ValueError, "heads_q (%lld) must be a multiple of heads_kv (%lld)",
                             (long long)p.heads_q, (long long)p.heads_kv);

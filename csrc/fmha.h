@@ -27,7 +27,8 @@ extern "C" {
 
 #define FMHA_VERSION "0.1.0"
 
-/* Element type of q, k, v and out (lse and split partials are always fp32). */
+/* Element type of q, k, v and out (lse and split partials are always fp32; out may also be
+ * fp32 for fp16/bf16 inputs: fmha_fwd_params.out_dtype). */
 typedef enum fmha_dtype {
     FMHA_DTYPE_F16 = 0,
     FMHA_DTYPE_BF16 = 1,
@@ -66,7 +67,9 @@ typedef struct fmha_fwd_params {
     int64_t heads_q;        /* query heads */
     int64_t heads_kv;       /* key/value heads; divides heads_q */
     int64_t head_dim;       /* features per head, shared by q, k and v */
-    fmha_dtype dtype;       /* of q, k, v and out */
+    fmha_dtype dtype;       /* of q, k, v, k_new and v_new */
+    fmha_dtype out_dtype;   /* of out: dtype, or FMHA_DTYPE_F32 (partial states that later
+                               merges, e.g. context parallelism's, must not round) */
     int causal;             /* bottom-right aligned: query i sees key j iff j <= i + seqlen_k - seqlen_q */
     float softmax_scale;    /* s = softmax_scale * q.k */
     float scale_log2;       /* softmax_scale * log2(e): scores feed exp2 directly */
@@ -163,7 +166,10 @@ typedef struct fmha_fwd_params {
     int64_t num_pages;           /* pages of k/v (k.shape[0]) */
 
     /* ---- plan (filled by fmha_plan_make) ---- */
-    int num_splits;         /* 1: producers write out/lse directly; >= 2: scratch + combine */
+    int num_splits;         /* key splits of every query row (1 = none) */
+    int partials;           /* 1: producers write fp32 partials into the split scratch and the
+                               combine writes out/lse (num_splits >= 2, or a GPU out_dtype
+                               other than dtype); 0: producers write out/lse directly */
     int block_m;            /* query rows per tile (packed rows when pack_gqa) */
     int block_n;            /* key rows per tile */
     int pack_gqa;           /* 1: the heads_q/heads_kv query heads of one kv head share a tile */
@@ -181,7 +187,7 @@ typedef struct fmha_fwd_params {
     int schedule;           /* GPU sm90 kernel: FMHA_SM90_INTERLEAVED or FMHA_SM90_PINGPONG
                                (fmha_config.h) */
 
-    /* ---- split scratch (backend-owned, used when num_splits >= 2) ----
+    /* ---- split scratch (backend-owned, used when partials is 1) ----
      * o_accum   [num_splits, batch, seqlen_q, heads_q, head_dim] fp32, contiguous
      * lse_accum [num_splits, batch, heads_q, seqlen_q] fp32, contiguous
      * With cu_seqlens_q: the same with batch 1 and seqlen_q = total_q, sequence b
@@ -309,6 +315,7 @@ typedef enum fmha_sm90_why {
     FMHA_SM90_GRID,            /* batch or heads_q above the grid's 65535 */
     FMHA_SM90_PACKED,          /* the query heads of a kv head fit one old prefill tile */
     FMHA_SM90_SPLITS,          /* the split rule splits the keys on its tiles */
+    FMHA_SM90_OUT_DTYPE,       /* out_dtype differs from the inputs': partials + combine */
 } fmha_sm90_why;
 
 /* The numbers behind the split decision, for explain(). */
@@ -337,6 +344,7 @@ typedef struct fmha_plan {
     int supported;          /* every gate item met */
     int kernel_id;          /* FMHA_KERNEL_* (fmha_config.h) */
     int num_splits;         /* effective split count */
+    int partials;           /* see fmha_fwd_params.partials */
     int block_m, block_n;
     int pack_gqa;
     int split_blocks;       /* see fmha_fwd_params.split_blocks */

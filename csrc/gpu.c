@@ -182,7 +182,10 @@ static fmha_status run_staged(fmha_fwd_params *p, call_scratch *s)
         {(void **)&p->v, &p->v_batch_stride, &p->v_row_stride, &p->v_head_stride, p->seqlen_k, p->heads_kv, chunk, append},
         {(void **)&p->k_new, &p->knew_batch_stride, &p->knew_row_stride, &p->knew_head_stride, p->seqlen_new, p->heads_kv, chunk, 0},
         {(void **)&p->v_new, &p->vnew_batch_stride, &p->vnew_row_stride, &p->vnew_head_stride, p->seqlen_new, p->heads_kv, chunk, 0},
-        {&p->out, &p->o_batch_stride, &p->o_row_stride, &p->o_head_stride, p->seqlen_q, p->heads_q, pair, 1},
+        /* An out of another dtype than the inputs' is written by the combine alone, element
+         * by element: any layout (the planner's alignment rule, plan.c qkvo_aligned). */
+        {&p->out, &p->o_batch_stride, &p->o_row_stride, &p->o_head_stride, p->seqlen_q, p->heads_q,
+         p->out_dtype != p->dtype ? 1 : pair, 1},
     };
     enum { N_OPS = sizeof ops / sizeof ops[0] };
     fmha_rows_view orig[N_OPS];
@@ -192,7 +195,7 @@ static fmha_status run_staged(fmha_fwd_params *p, call_scratch *s)
     if (st != FMHA_OK)
         return st;
 
-    if (p->num_splits > 1) {
+    if (p->partials) {
         /* Split partials: [num_splits, batch, seqlen_q, heads_q, head_dim] and
          * [num_splits, batch, heads_q, seqlen_q], fp32; packed queries: batch 1
          * and seqlen_q = total_q (fmha.h). */

@@ -56,6 +56,7 @@
     X(WINDOW, "window")                                                                \
     X(SOFTCAP, "softcap")                                                              \
     X(SINKS, "sinks")                                                                  \
+    X(OUT_DTYPE, "out_dtype")                                                          \
     X(OUTS, "outs")                                                                    \
     X(LSES, "lses")
 

@@ -397,10 +397,13 @@ int fmha_rows_aligned(const void *data, int64_t batch_stride, int64_t row_stride
 }
 
 /* Whether q, k and v rows are aligned to `in` elements and out rows to `out`
- * (2-byte elements, the GPU kernels' types). */
+ * (2-byte elements, the GPU kernels' types).  An out of another dtype than the inputs'
+ * is written by the combine alone, element by element: any layout will do. */
 static int qkvo_aligned(const fmha_fwd_params *p, int64_t in, int64_t out)
 {
     const int64_t elem = FMHA_GPU_ELEM_BYTES;
+    if (p->out_dtype != p->dtype)
+        out = 1;
     return fmha_rows_aligned(p->q, p->q_batch_stride, p->q_row_stride, p->q_head_stride,
                              p->head_dim, in, elem) &&
            fmha_rows_aligned(p->k, p->k_batch_stride, p->k_row_stride, p->k_head_stride,
@@ -540,6 +543,8 @@ static fmha_sm90_why sm90_fit(const fmha_fwd_params *p, const fmha_target *t, in
         return FMHA_SM90_PAGED;
     if (requested > 1)
         return FMHA_SM90_FORCED_SPLITS;
+    if (p->out_dtype != p->dtype)
+        return FMHA_SM90_OUT_DTYPE; /* it writes no partials for the combine to widen */
     if (!sm90_tma_aligned(p))
         return FMHA_SM90_UNALIGNED;
     /* the kernel reads the scale in exp2 units, as the host glue computed it */
@@ -705,6 +710,11 @@ fmha_status fmha_plan_make(const fmha_fwd_params *p, const fmha_target *t, int r
         plan_cpu(p, t, requested_splits, plan);
     else
         plan_gpu(p, t, requested_splits, plan);
+    /* Partials + combine: every split plan; on the GPU also an out of another dtype than
+     * the inputs', which the producers (their output type is the inputs') leave to the
+     * combine, even with one split.  The CPU rows write any out dtype themselves. */
+    plan->partials = plan->num_splits > 1 ||
+                     (t->backend == FMHA_BACKEND_GPU && p->out_dtype != p->dtype);
     return plan->supported ? FMHA_OK : FMHA_ERR_UNSUPPORTED;
 }
 
@@ -715,6 +725,7 @@ void fmha_plan_apply(const fmha_plan *plan, fmha_fwd_params *p)
     p->kv_read_once = plan->kv_read_once;
     p->schedule = plan->schedule;
     p->num_splits = plan->num_splits;
+    p->partials = plan->partials;
     p->block_m = plan->block_m;
     p->block_n = plan->block_n;
     p->pack_gqa = plan->pack_gqa;

@@ -179,7 +179,27 @@ static int require_apart(fmha_tensor *const *written, size_t n_written,
 /* forward                                                                   */
 /* ------------------------------------------------------------------------ */
 
-static int forward_dtypes(const fmha_fwd_views *t)
+/* out: q's dtype, or float32 (fmha.h out_dtype); with out_dtype=float32 it must be float32. */
+static int out_dtype_rule(const fmha_fwd_views *t, const fmha_fwd_args *a)
+{
+    char expect[64];
+    fmha_elem q = t->q.elem;
+    if (q == FMHA_ELEM_F32)
+        snprintf(expect, sizeof expect, "have q's dtype float32");
+    else
+        snprintf(expect, sizeof expect, "have q's dtype %s or float32", fmha_elem_name(q));
+    if (require_dtype(&t->out, t->out.elem == q || t->out.elem == FMHA_ELEM_F32,
+                      PyExc_ValueError, expect) < 0)
+        return -1;
+    if (a->out_f32 && t->out.present && t->out.elem != FMHA_ELEM_F32) {
+        PyErr_Format(PyExc_ValueError, "out has dtype %s but out_dtype is float32: they must "
+                     "agree (out_dtype=None takes out's dtype)", fmha_elem_name(t->out.elem));
+        return -1;
+    }
+    return 0;
+}
+
+static int forward_dtypes(const fmha_fwd_views *t, const fmha_fwd_args *a)
 {
     char same_as_q[48];
     if (require_dtype(&t->q, is_float(t->q.elem), PyExc_TypeError,
@@ -189,7 +209,7 @@ static int forward_dtypes(const fmha_fwd_views *t)
     snprintf(same_as_q, sizeof same_as_q, "have q's dtype %s", fmha_elem_name(q));
     if (require_dtype(&t->k, t->k.elem == q, PyExc_TypeError, same_as_q) < 0 ||
         require_dtype(&t->v, t->v.elem == q, PyExc_TypeError, same_as_q) < 0 ||
-        require_dtype(&t->out, t->out.elem == q, PyExc_ValueError, same_as_q) < 0 ||
+        out_dtype_rule(t, a) < 0 ||
         require_dtype(&t->lse, t->lse.elem == FMHA_ELEM_F32, PyExc_ValueError, "be float32") < 0 ||
         require_dtype(&t->seqlens, t->seqlens.elem == FMHA_ELEM_I32, PyExc_TypeError,
                       "be int32") < 0 ||
@@ -779,7 +799,7 @@ int fmha_validate_forward(const fmha_module_state *st, fmha_fwd_views *t,
     g->varlen_q = t->cu_q.present;
     g->varlen_k = t->cu_k.present;
     g->paged = t->block_table.present;
-    if (forward_dtypes(t) < 0 || check_combinations(t) < 0 || check_q(t, g) < 0 ||
+    if (forward_dtypes(t, a) < 0 || check_combinations(t) < 0 || check_q(t, g) < 0 ||
         check_kv(t, g) < 0 || check_outputs_and_cache(t, append, g) < 0 ||
         check_places(t, a->device) < 0 || check_features(t, a, g) < 0)
         return -1;

@@ -254,12 +254,30 @@ def _q_rank(kw):
     return 4 if kw.get("cu_seqlens_q") is None else 3
 
 
+def _out_dtype_is_float32(value):
+    """Whether out_dtype=value asks for float32 in one of the spellings the extension
+    takes (csrc/args.c: "float32", torch.float32, numpy.float32, numpy.dtype("float32"));
+    False for None and for anything else (which the extension refuses, naming out_dtype)."""
+    if value is None:
+        return False
+    if isinstance(value, str):
+        return value == "float32"
+    if isinstance(value, type):
+        return value.__module__ == "numpy" and value.__name__ == "float32"
+    module = type(value).__module__ or ""
+    if module == "torch":
+        return str(value) == "torch.float32"
+    return (module == "numpy" or module.startswith("numpy.")) and str(value) == "float32"
+
+
 def _forward_outputs(q, kw, empty, float32):
-    """Allocate out (like q) and lse (float32 [batch, heads_q, seqlen_q], or
-    [heads_q, total_q] with cu_seqlens_q) where kw has none; q has _q_rank(kw)
-    dimensions; empty(shape, dtype) is the library's allocator on q's device."""
+    """Allocate out (q's shape; q's dtype, or float32 with out_dtype=float32) and lse
+    (float32 [batch, heads_q, seqlen_q], or [heads_q, total_q] with cu_seqlens_q) where
+    kw has none; q has _q_rank(kw) dimensions; empty(shape, dtype) is the library's
+    allocator on q's device."""
     if kw.get("out") is None:
-        kw["out"] = empty(q.shape, q.dtype)
+        kw["out"] = empty(q.shape, float32 if _out_dtype_is_float32(kw.get("out_dtype"))
+                          else q.dtype)
     if kw.get("lse") is None and kw.get("return_lse", True):
         if kw.get("cu_seqlens_q") is not None:
             kw["lse"] = empty((q.shape[1], q.shape[0]), float32)
@@ -369,6 +387,11 @@ def forward(q, k, v, **kw):
     softmax denominator only (lse includes it; a row with no visible key gives out 0 and
     lse = the sink).
 
+    ``out_dtype``: None (q's dtype) or float32 ("float32", torch.float32 or
+    numpy.float32): out in float32 for float16/bfloat16 inputs, so partial states that
+    are merged later (combine, context parallelism) are not rounded to 16 bits first.
+    An ``out`` given in float32 means the same; out and out_dtype, both given, must agree.
+
     Forward only: torch tensors that require grad are refused under grad mode.  torch
     calls made while torch traces or compiles go through the op fmha_native::forward
     (or forward_out / forward_append when out, lse or an append is written).
@@ -394,8 +417,9 @@ def explain(q, k, v, **kw):
     """The plan forward would run with the same arguments, as a dict.
 
     The plan, without running it: backend, kernel, effective
-    num_splits, block_m, block_n, pack_gqa, reason, gate ({requirement: {"met",
-    "why"}}), supported, and the problem's dimensions.  Validates like forward.
+    num_splits, partials (producers write fp32 partials and the combine writes out),
+    block_m, block_n, pack_gqa, reason, gate ({requirement: {"met", "why"}}), supported,
+    and the problem's dimensions, dtype and out_dtype.  Validates like forward.
     """
     if _library(q) is None:
         return _C.explain(q, k, v, **kw)
@@ -575,7 +599,7 @@ _FORWARD_KEYWORDS = (("causal", False), ("softmax_scale", None), ("num_splits", 
                      ("stream", None), ("cache_seqlens", None), ("k_new", None),
                      ("v_new", None), ("max_seqlen_k", None), ("block_table", None),
                      ("cu_seqlens_q", None), ("cu_seqlens_k", None), ("max_seqlen_q", None),
-                     ("window", None), ("softcap", 0.0), ("sinks", None))
+                     ("window", None), ("softcap", 0.0), ("sinks", None), ("out_dtype", None))
 _COMBINE_KEYWORDS = (("out", None), ("lse", None), ("stream", None), ("sinks", None))
 forward.__signature__ = _signature(("q", "k", "v"), _FORWARD_KEYWORDS)
 explain.__signature__ = _signature(("q", "k", "v"), _FORWARD_KEYWORDS)

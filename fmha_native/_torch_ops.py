@@ -62,7 +62,7 @@ _COMBINE_NAMES = frozenset(name for name, _ in fmha_native._COMBINE_KEYWORDS)
 # defaults to the rest), in the order _forward_kw lists their values.
 _OPTIONAL_NAMES = ("cache_seqlens", "block_table", "cu_seqlens_q", "cu_seqlens_k",
                    "max_seqlen_q", "max_seqlen_k", "softmax_scale", "device", "stream",
-                   "window", "sinks")
+                   "window", "sinks", "out_dtype")
 
 
 def wanted(q):
@@ -93,12 +93,12 @@ def _run(fn, first, args, kw):
 
 def _forward_kw(causal, softmax_scale, num_splits, return_lse, device, stream,
                 cache_seqlens, block_table, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                max_seqlen_k, window, softcap, sinks):
+                max_seqlen_k, window, softcap, sinks, out_dtype=None):
     kw = {"causal": causal, "num_splits": num_splits, "return_lse": return_lse,
           "softcap": softcap}
     values = (cache_seqlens, block_table, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
               max_seqlen_k, softmax_scale, device, stream,
-              None if window is None else tuple(window), sinks)
+              None if window is None else tuple(window), sinks, out_dtype)
     for name, value in zip(_OPTIONAL_NAMES, values):
         if value is not None:
             kw[name] = value
@@ -118,10 +118,23 @@ def _lse_shape(q, cu_seqlens_q):
     return (q.shape[0], q.shape[2], q.shape[1])
 
 
-def _new_outputs(q, cu_seqlens_q, return_lse):
-    """Fresh (out, lse) for q: out has q's shape and dtype (contiguous), lse float32."""
+def _new_outputs(q, cu_seqlens_q, return_lse, out_dtype=None):
+    """Fresh (out, lse) for q: out has q's shape and out_dtype (None: q's dtype),
+    contiguous; lse float32."""
     lse_shape = _lse_shape(q, cu_seqlens_q) if return_lse else (0,)
-    return (q.new_empty(q.shape), q.new_empty(lse_shape, dtype=torch.float32))
+    return (q.new_empty(q.shape, dtype=out_dtype or q.dtype),
+            q.new_empty(lse_shape, dtype=torch.float32))
+
+
+def _out_dtype(value):
+    """out_dtype as the schema's ScalarType?: None or torch.float32, with the extension's
+    check and message (made before tracing bakes the value in)."""
+    if value is None:
+        return None
+    if fmha_native._out_dtype_is_float32(value):
+        return torch.float32
+    raise ValueError(f"out_dtype must be None (q's dtype) or float32 (\"float32\", "
+                     f"torch.float32 or numpy.float32), got {value!r}")
 
 
 # ---------------------------------------------------------------------------
@@ -139,7 +152,8 @@ def _new_outputs(q, cu_seqlens_q, return_lse):
 _FORWARD_TAIL = ("Tensor? cache_seqlens, Tensor? block_table, Tensor? cu_seqlens_q, "
                  "Tensor? cu_seqlens_k, bool causal, float? softmax_scale, int num_splits, "
                  "bool return_lse, SymInt? max_seqlen_q, SymInt? max_seqlen_k, str? device, "
-                 "int? stream, int[]? window=None, float softcap=0.0, Tensor? sinks=None")
+                 "int? stream, int[]? window=None, float softcap=0.0, Tensor? sinks=None, "
+                 "ScalarType? out_dtype=None")
 
 _lib = torch.library.Library("fmha_native", "DEF")
 
@@ -157,11 +171,11 @@ def _define(schema, kernel, fake):
 
 def _forward_kernel(q, k, v, cache_seqlens, block_table, cu_seqlens_q, cu_seqlens_k, causal,
                     softmax_scale, num_splits, return_lse, max_seqlen_q, max_seqlen_k, device,
-                    stream, window=None, softcap=0.0, sinks=None):
-    out, lse = _new_outputs(q, cu_seqlens_q, return_lse)
+                    stream, window=None, softcap=0.0, sinks=None, out_dtype=None):
+    out, lse = _new_outputs(q, cu_seqlens_q, return_lse, out_dtype)
     kw = _forward_kw(causal, softmax_scale, num_splits, return_lse, device, stream,
                      cache_seqlens, block_table, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                     max_seqlen_k, window, softcap, sinks)
+                     max_seqlen_k, window, softcap, sinks, out_dtype)
     kw["out"] = out
     if return_lse:
         kw["lse"] = lse
@@ -171,17 +185,17 @@ def _forward_kernel(q, k, v, cache_seqlens, block_table, cu_seqlens_q, cu_seqlen
 
 def _forward_fake(q, k, v, cache_seqlens, block_table, cu_seqlens_q, cu_seqlens_k, causal,
                   softmax_scale, num_splits, return_lse, max_seqlen_q, max_seqlen_k, device,
-                  stream, window=None, softcap=0.0, sinks=None):
-    return _new_outputs(q, cu_seqlens_q, return_lse)
+                  stream, window=None, softcap=0.0, sinks=None, out_dtype=None):
+    return _new_outputs(q, cu_seqlens_q, return_lse, out_dtype)
 
 
 def _forward_out_kernel(q, k, v, out, lse, cache_seqlens, block_table, cu_seqlens_q,
                         cu_seqlens_k, causal, softmax_scale, num_splits, return_lse,
                         max_seqlen_q, max_seqlen_k, device, stream, window=None, softcap=0.0,
-                        sinks=None):
+                        sinks=None, out_dtype=None):
     kw = _forward_kw(causal, softmax_scale, num_splits, return_lse, device, stream,
                      cache_seqlens, block_table, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                     max_seqlen_k, window, softcap, sinks)
+                     max_seqlen_k, window, softcap, sinks, out_dtype)
     kw["out"] = out
     if lse is not None:
         kw["lse"] = lse
@@ -191,10 +205,10 @@ def _forward_out_kernel(q, k, v, out, lse, cache_seqlens, block_table, cu_seqlen
 def _forward_append_kernel(q, k, v, k_new, v_new, out, lse, cache_seqlens, block_table,
                            cu_seqlens_q, cu_seqlens_k, causal, softmax_scale, num_splits,
                            return_lse, max_seqlen_q, max_seqlen_k, device, stream,
-                           window=None, softcap=0.0, sinks=None):
+                           window=None, softcap=0.0, sinks=None, out_dtype=None):
     kw = _forward_kw(causal, softmax_scale, num_splits, return_lse, device, stream,
                      cache_seqlens, block_table, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                     max_seqlen_k, window, softcap, sinks)
+                     max_seqlen_k, window, softcap, sinks, out_dtype)
     kw["out"] = out
     kw["k_new"] = k_new
     kw["v_new"] = v_new
@@ -276,14 +290,15 @@ def call_forward(q, k, v, kw):
         num_splits=get("num_splits", 0), return_lse=return_lse,
         max_seqlen_q=get("max_seqlen_q"), max_seqlen_k=get("max_seqlen_k"),
         device=get("device"), stream=get("stream"), window=_window(get("window")),
-        softcap=_softcap(get("softcap", 0.0)), sinks=get("sinks"))
+        softcap=_softcap(get("softcap", 0.0)), sinks=get("sinks"),
+        out_dtype=_out_dtype(get("out_dtype")))
     if k_new is None and v_new is None and out is None and lse is None:
         out, lse = _forward(q, k, v, **scalars)
         return (out, lse) if return_lse else out
     # Something given is written: the in-place ops, with the outputs the caller did not
     # give allocated here (in a compiled graph they are graph-internal buffers).
     if out is None:
-        out = q.new_empty(q.shape)
+        out = q.new_empty(q.shape, dtype=scalars["out_dtype"] or q.dtype)
     if lse is None and return_lse:
         lse = q.new_empty(_lse_shape(q, cu_seqlens_q), dtype=torch.float32)
     if k_new is not None or v_new is not None:

@@ -26,11 +26,22 @@ Layouts of the sequence dimension over the W ranks of the group (q, k and v alik
 
 Without a mask the layout does not matter: every query sees every key.
 
+Causal windows (``window=(left, 0)``: query p sees keys p - left .. p).  forward() aligns
+a call's last query with its last key, which ties a call's query/key offset to its
+lengths, so each visible (query chunk, key chunk) pair becomes calls whose slices make
+that alignment exact (_window_calls): a block whose keys end where its queries end is a
+causal call with the window, keys cut to the first one any row sees; keys wholly before
+the queries are an unmasked call on the rows that see any of them, with a window whose
+left bound is shifted by the offset; the zigzag diagonal (two chunks apart in position) is
+cut into chunk pairs.  Blocks no window reaches are skipped, so a narrow window costs a
+ring step (or a gather) of K/V but little compute.
+
 The merge is exact: each visible block gives a partial state (out normalised by its own
 row sum, and its log-sum-exp), and ``fmha_native.combine`` merges partials into the state
 of the union of their keys (DESIGN.md, combine).  The ring keeps its running state in
-float32 whatever the inputs' dtype, so a partial is rounded to q's dtype once (by the
-forward that makes it) and the result once at the end, never in between.
+float32 whatever the inputs' dtype, and each block's forward writes its partial straight
+into a float32 slot (forward's out_dtype=float32), so no partial is ever rounded: only the
+result is, once, to q's dtype (or not at all with out_dtype=float32).
 """
 import fmha_native as _fn
 
@@ -84,6 +95,40 @@ def _check_tensors(torch, names_and_tensors):
                             "share one dtype")
 
 
+def _float32_out(torch, q, out_dtype):
+    """Whether the result is float32: out_dtype float32 (any spelling forward takes), or
+    float32 inputs; ValueError naming out_dtype for anything but None and float32."""
+    if out_dtype is not None and not _fn._out_dtype_is_float32(out_dtype):
+        raise ValueError(f"out_dtype must be None (q's dtype) or float32 (\"float32\", "
+                         f"torch.float32 or numpy.float32), got {out_dtype!r}")
+    return out_dtype is not None or q.dtype == torch.float32
+
+
+def _window_left(window, causal):
+    """The left bound of a causal window (>= 0), or None when it bounds nothing (None, or
+    left -1 under causal: plain causal attention).  Values as forward checks them;
+    NotImplementedError for a window without causal."""
+    if window is None:
+        return None
+    if not isinstance(window, (tuple, list)) or len(window) != 2 or any(
+            isinstance(x, bool) or not isinstance(x, int) for x in window):
+        raise TypeError(f"window must be a (left, right) tuple of two ints or None, got "
+                        f"{window!r}")
+    left, right = window
+    if left < -1 or right < -1:
+        raise ValueError(f"window values must be >= -1 (-1 = unbounded), got {window!r}")
+    if not causal:
+        if left == -1 and right == -1:
+            return None
+        raise NotImplementedError(
+            f"window={tuple(window)!r} needs causal=True in context parallelism: only causal "
+            "windows (left, 0) are sharded; a window without causal is not implemented")
+    if right > 0:
+        raise ValueError(f"window=({left}, {right}) with causal=True: causal sets the right "
+                         "bound to 0, so window's right must be 0 or -1")
+    return None if left == -1 else left
+
+
 def _choice(name, value, allowed):
     if not isinstance(value, str) or value not in allowed:
         raise ValueError(f"{name} must be one of {', '.join(repr(a) for a in allowed)}, got "
@@ -109,28 +154,106 @@ def _pack_kv(torch, k, v):
 
 
 def _ring_blocks(rank, world, seqlen_q, seqlen_k, causal, layout):
-    """The work of rank ``rank`` at each ring step: a list of ``world`` entries, entry s
-    for the keys of rank (rank - s) mod world, each None (the mask hides them) or
-    (query rows, key rows, causal), rows as slices of the local q and of the K/V shard."""
+    """The work of rank ``rank`` at each ring step without a window: a list of ``world``
+    entries, entry s for the keys of rank (rank - s) mod world, each a list of calls (none
+    when the mask hides them), a call being (query rows, key rows, causal, window) with
+    rows as slices of the local q and of the K/V shard."""
     everything = slice(None)
     blocks = []
     for step in range(world):
         src = (rank - step) % world
         if not causal:
-            blocks.append((everything, everything, False))
+            block = (everything, everything, False)
         elif src == rank:
-            blocks.append((everything, everything, True))
+            block = (everything, everything, True)
         elif layout == "contiguous":
-            blocks.append((everything, everything, False) if src < rank else None)
+            block = (everything, everything, False) if src < rank else None
         elif src < rank:
-            blocks.append((everything, slice(0, seqlen_k // 2), False))
+            block = (everything, slice(0, seqlen_k // 2), False)
         else:
-            blocks.append((slice(seqlen_q // 2, seqlen_q), everything, False))
+            block = (slice(seqlen_q // 2, seqlen_q), everything, False)
+        blocks.append([] if block is None else [block + (None,)])
     return blocks
 
 
+def _chunks(layout, rank, world, local):
+    """The position ranges [start, end) that rank's ``local`` rows hold, in local order."""
+    if layout == "contiguous":
+        return [(rank * local, (rank + 1) * local)]
+    chunk, second = local // 2, 2 * world - 1 - rank
+    return [(rank * chunk, (rank + 1) * chunk), (second * chunk, (second + 1) * chunk)]
+
+
+def _window_calls(q_chunks, k_chunks, left):
+    """The forward calls that give queries at the positions of q_chunks exactly the keys
+    at the positions of k_chunks that a causal window of ``left`` (>= 0) lets them see:
+    query p sees key j iff p - left <= j <= p.
+
+    q_chunks / k_chunks: position ranges (start, end), in the order the local q / the
+    K/V shard hold them (rows are consecutive across chunks).  Returns a list of
+    (query rows, key rows, causal, window): slices of the local q and of the shard, and
+    forward's causal and window for the call.  forward aligns a call's last query with
+    its last key (bottom-right), so each (query chunk, key chunk) pair is cut into calls
+    where that alignment is exact:
+
+    - keys ending where the queries end (a diagonal block, or a prefix of the sequence
+      up to the chunk): causal with window (left, 0), keys from the first any query sees;
+    - keys wholly before the queries: no causal mask; query p sees keys from p - left on,
+      so the rows that see none (p - left >= end of the keys) are left out (the caller
+      merges nothing for them) and the others get window (left', -1), left' chosen so
+      the call's alignment puts each row's window start where it belongs;
+    - keys after the queries: nothing.
+
+    Any other overlap (keys ending inside or past the queries but not with them) does not
+    occur in the layouts and raises ValueError.
+    """
+    calls = []
+    q_at = 0
+    for q0, q1 in q_chunks:
+        k_at = 0
+        for k0, k1 in k_chunks:
+            if q1 > q0 and k1 > k0:
+                call = _pair_call(q0, q1, k0, k1, left)
+                if call is not None:
+                    (i0, i1), (j0, j1), causal, window = call
+                    calls.append((slice(q_at + i0, q_at + i1), slice(k_at + j0, k_at + j1),
+                                  causal, window))
+            k_at += k1 - k0
+        q_at += q1 - q0
+    return calls
+
+
+def _pair_call(q0, q1, k0, k1, left):
+    """_window_calls for one query range and one key range: ((row lo, row hi), (key lo,
+    key hi), causal, window) relative to the ranges' starts, or None."""
+    if k0 >= q1:
+        return None  # keys after every query
+    if k1 == q1 and k0 <= q0:
+        start = max(k0, q0 - left)
+        return (0, q1 - q0), (start - k0, k1 - k0), True, (left, 0)
+    if k1 <= q0:
+        rows = min(q1, k1 + left) - q0  # rows from here on see no key of the range
+        if rows <= 0:
+            return None
+        start = max(k0, q0 - left)
+        # Row i sits at call position i + (k1 - start) - rows and must see keys from
+        # q0 + i - left on: window left' = left + k1 - q0 - rows (>= 0).
+        return (0, rows), (start - k0, k1 - k0), False, (left + k1 - q0 - rows, -1)
+    raise ValueError(f"keys [{k0}, {k1}) overlap queries [{q0}, {q1}) without ending with "
+                     "them: no layout makes such a block")
+
+
+def _ring_window_blocks(rank, world, seqlen, layout, left):
+    """_ring_blocks for a causal window of ``left`` (>= 0): each step's calls from
+    _window_calls on this rank's chunks and the source rank's."""
+    mine = _chunks(layout, rank, world, seqlen)
+    return [_window_calls(mine, _chunks(layout, (rank - step) % world, world, seqlen), left)
+            for step in range(world)]
+
+
 def context_parallel_forward(q, k, v, *, group=None, causal=False, softmax_scale=None,
-                             method="ring", layout="contiguous", return_lse=True):
+                             method="ring", layout="contiguous", return_lse=True,
+                             out_dtype=None, window=None):
     """Attention over a sequence sharded across the ranks of ``group``: (out, lse), or out
     when ``return_lse`` is false.
 
@@ -143,8 +266,14 @@ def context_parallel_forward(q, k, v, *, group=None, causal=False, softmax_scale
     on CUDA) while the block in hand is computed, skipping blocks the mask hides, and
     merges in float32; "allgather" gathers K/V with all_gather_into_tensor and runs one
     forward over the visible keys (per local chunk for zigzag).  GQA, float16, bfloat16
-    and (CPU) float32 as fmha_native.forward takes them.  Every rank must pass the same
-    shapes, dtype, causal, method and layout.  Forward only (no autograd).
+    and (CPU) float32 as fmha_native.forward takes them.  ``out_dtype``: None (out like
+    q) or float32 (out float32 for float16/bfloat16 inputs, never rounded).
+    ``window=(left, right)``: forward's sliding window, with causal=True (right 0 or -1;
+    left >= 0, or -1 for none): query p sees keys p - left .. p.  Each visible block is cut
+    into calls whose bottom-right alignment is exact (_window_calls); blocks wholly
+    outside every window are skipped.  Windows without causal raise NotImplementedError.
+    Every rank must pass the same shapes, dtype, causal, method, layout, out_dtype and
+    window.  Forward only (no autograd).
     """
     torch, dist = _modules()
     _check_tensors(torch, [("q", q), ("k", k), ("v", v)])
@@ -162,20 +291,25 @@ def context_parallel_forward(q, k, v, *, group=None, causal=False, softmax_scale
     if causal and layout == "zigzag" and q.shape[1] % 2:
         raise ValueError(f"layout='zigzag' holds two equal chunks per rank: q.shape[1] and "
                          f"k.shape[1] must be even, got {q.shape[1]}")
+    f32 = _float32_out(torch, q, out_dtype)
+    left = _window_left(window, causal)
     q = _fn._no_grad_input("q", q)
     k, v = _fn._no_grad_input("k", k), _fn._no_grad_input("v", v)
     rank, world, global_rank = _group_of(dist, group)
     if not causal:
         layout = "contiguous"  # every query sees every key: the layout does not matter
+    out_dtype = "float32" if f32 else None
     with torch.no_grad():
         if world == 1:
-            result = _fn.forward(q, k, v, causal=causal, softmax_scale=softmax_scale)
+            extra = {} if left is None else {"window": (left, 0)}
+            result = _fn.forward(q, k, v, causal=causal, softmax_scale=softmax_scale,
+                                 out_dtype=out_dtype, **extra)
         elif method == "ring":
             result = _ring(torch, dist, q, k, v, causal, softmax_scale, layout, group, rank,
-                           world, global_rank)
+                           world, global_rank, f32_result=f32, left=left)
         else:
             result = _allgather(torch, dist, q, k, v, causal, softmax_scale, layout, group,
-                                rank, world)
+                                rank, world, out_dtype, left)
     return result if return_lse else result[0]
 
 
@@ -187,9 +321,16 @@ def _side_stream(torch, device):
 
 
 def _ring(torch, dist, q, k, v, causal, scale, layout, group, rank, world, global_rank,
-          communicate=True):
+          communicate=True, f32_result=False, left=None):
     """The ring method; communicate=False (benchmarks/bench_cp.py's compute-only time)
-    runs the same blocks and merges on this rank's own K/V, sending nothing."""
+    runs the same blocks and merges on this rank's own K/V, sending nothing.  The result
+    is float32 when f32_result, else q's dtype; left: a causal window's left bound.
+
+    Each block's partial is written in float32 (forward's out_dtype), so none is rounded,
+    except where that would give up the kernel its 16-bit plan runs (the sm90 kernel
+    writes no fp32 partials, and runs a block much faster than the tiles that do) and the
+    caller did not ask for a float32 result: such a block's partial is rounded to q's
+    dtype once, by the forward, and widened into its float32 slot."""
     batch, seqlen_q, heads_q, head_dim = q.shape
     f32 = torch.float32
     dev = q.device
@@ -198,15 +339,17 @@ def _ring(torch, dist, q, k, v, causal, scale, layout, group, rank, world, globa
     lbuf = torch.empty((2, batch, heads_q, seqlen_q), dtype=f32, device=dev)
     # combine's lse may not overlap its lses: the merged lse lands here, then in slot 0.
     lse_merged = torch.empty((batch, heads_q, seqlen_q), dtype=f32, device=dev)
-    # Partials of float16/bfloat16 inputs come in q's dtype (forward writes its
-    # inputs' dtype) and are widened into slot 1.
-    part = None if q.dtype == f32 else torch.empty_like(q)
+    part = None  # q-dtype partials of the blocks _wide_partials says no to, made at first use
+    wide = {}    # (rows, keys, causal, window) -> whether its partial is written in float32
     current = _pack_kv(torch, k, v)
     spare = torch.empty_like(current)
     send_to, recv_from = global_rank((rank + 1) % world), global_rank((rank - 1) % world)
     side = _side_stream(torch, dev) if q.is_cuda else None
-    blocks = _ring_blocks(rank, world, seqlen_q, k.shape[1], causal, layout)
-    for step, block in enumerate(blocks):
+    if left is None:
+        blocks = _ring_blocks(rank, world, seqlen_q, k.shape[1], causal, layout)
+    else:
+        blocks = _ring_window_blocks(rank, world, seqlen_q, layout, left)
+    for step, calls in enumerate(blocks):
         requests = []
         if communicate and step + 1 < world:
             ops = [dist.P2POp(dist.isend, current, send_to, group),
@@ -219,15 +362,26 @@ def _ring(torch, dist, q, k, v, causal, scale, layout, group, rank, world, globa
                     requests = dist.batch_isend_irecv(ops)
             else:
                 requests = dist.batch_isend_irecv(ops)
-        if block is not None:
-            rows, keys, block_causal = block
-            slot = 0 if step == 0 else 1  # step 0 is the diagonal: it sees every row
+        # Step 0 holds this rank's own keys: without a window its one call sees every
+        # row; with one, its causal calls (one per local chunk) see every row once.  They
+        # start the running state in slot 0, before the step's other calls merge into it.
+        if step == 0 and left is not None:
+            calls = sorted(calls, key=lambda call: not call[2])
+        for rows, keys, block_causal, block_window in calls:
+            slot = 0 if step == 0 and (left is None or block_causal) else 1
             out_view = obuf[slot][:, rows]
             lse_view = lbuf[slot][:, :, rows]
-            _fn.forward(q[:, rows], current[:, keys, 0], current[:, keys, 1],
-                        causal=block_causal, softmax_scale=scale,
-                        out=out_view if part is None else part[:, rows], lse=lse_view)
-            if part is not None:
+            extra = {} if block_window is None else {"window": block_window}
+            args = (q[:, rows], current[:, keys, 0], current[:, keys, 1])
+            kw = dict(causal=block_causal, softmax_scale=scale, **extra)
+            shape = (rows.start, rows.stop, keys.start, keys.stop, block_causal, block_window)
+            if shape not in wide:
+                wide[shape] = f32_result or _wide_partials(torch, args, kw)
+            if wide[shape]:
+                _fn.forward(*args, out=out_view, lse=lse_view, **kw)
+            else:
+                part = torch.empty_like(q) if part is None else part
+                _fn.forward(*args, out=part[:, rows], lse=lse_view, **kw)
                 out_view.copy_(part[:, rows])
             if slot == 1:
                 # out= is exactly partial 0 of the stack: combine reads a row's partials
@@ -239,11 +393,24 @@ def _ring(torch, dist, q, k, v, causal, scale, layout, group, rank, world, globa
             request.wait()  # on CUDA: the current stream waits for the transfer
         if communicate:
             current, spare = spare, current
-    out = obuf[0].to(q.dtype) if part is not None else obuf[0].clone()
+    out = obuf[0].clone() if f32_result or q.dtype == f32 else obuf[0].to(q.dtype)
     return out, lbuf[0].clone()
 
 
-def _allgather(torch, dist, q, k, v, causal, scale, layout, group, rank, world):
+def _wide_partials(torch, args, kw):
+    """Whether a ring block's partial is written in float32: always for float32 inputs and
+    on the CPU; on a GPU unless forward's 16-bit plan for the block runs another producer
+    than its float32 plan (the sm90 kernel, which writes no fp32 partials)."""
+    q = args[0]
+    if q.dtype == torch.float32 or not q.is_cuda:
+        return True
+    narrow = _fn.explain(*args, **kw)["kernel"]
+    return _fn.explain(*args, out_dtype="float32", **kw)["kernel"].replace(
+        "+combine", "") == narrow.replace("+combine", "")
+
+
+def _allgather(torch, dist, q, k, v, causal, scale, layout, group, rank, world, out_dtype,
+               left=None):
     batch, seqlen_k, heads_kv, head_dim = k.shape
     kv = _pack_kv(torch, k, v)
     # Shards concatenated along dim 0 (the form every backend takes, gloo included).
@@ -257,32 +424,44 @@ def _allgather(torch, dist, q, k, v, causal, scale, layout, group, rank, world):
         shards = gathered[:rank + 1] if causal else gathered
         keys = shards.transpose(0, 1).reshape(batch, shards.shape[0] * seqlen_k, 2, heads_kv,
                                               head_dim)
-        return _fn.forward(q, keys[:, :, 0], keys[:, :, 1], causal=causal, softmax_scale=scale)
-    # zigzag: chunk p < W is rank p's first chunk, chunk p >= W rank 2W-1-p's second.  The
-    # later local chunk (2W-1-rank) sees chunks 0 .. 2W-1-rank; the earlier one (rank) a
-    # prefix of those.
-    chunk = seqlen_k // 2
-    halves = gathered.view(world, batch, 2, chunk, 2, heads_kv, head_dim)
-    count = 2 * world - rank
-    keys = torch.empty((batch, count, chunk, 2, heads_kv, head_dim), dtype=kv.dtype,
-                       device=kv.device)
-    keys[:, :world].copy_(halves[:, :, 0].transpose(0, 1))
-    keys[:, world:].copy_(halves[rank:, :, 1].flip(0).transpose(0, 1))
-    keys = keys.view(batch, count * chunk, 2, heads_kv, head_dim)
-    out = torch.empty_like(q)
+        if left is None:
+            return _fn.forward(q, keys[:, :, 0], keys[:, :, 1], causal=causal,
+                               softmax_scale=scale, out_dtype=out_dtype)
+    else:
+        # zigzag: chunk p < W is rank p's first chunk, chunk p >= W rank 2W-1-p's second.
+        # The later local chunk (2W-1-rank) sees chunks 0 .. 2W-1-rank; the earlier one
+        # (rank) a prefix of those.
+        chunk = seqlen_k // 2
+        halves = gathered.view(world, batch, 2, chunk, 2, heads_kv, head_dim)
+        count = 2 * world - rank
+        keys = torch.empty((batch, count, chunk, 2, heads_kv, head_dim), dtype=kv.dtype,
+                           device=kv.device)
+        keys[:, :world].copy_(halves[:, :, 0].transpose(0, 1))
+        keys[:, world:].copy_(halves[rank:, :, 1].flip(0).transpose(0, 1))
+        keys = keys.view(batch, count * chunk, 2, heads_kv, head_dim)
+    # keys holds positions 0 .. (end of this rank's last chunk) in order: each local chunk
+    # attends to the prefix that ends with it (bottom-right causal puts query i of the
+    # chunk at its own position), cut to its window's keys when there is one.
+    out = torch.empty(q.shape, dtype=torch.float32 if out_dtype else q.dtype, device=q.device)
     lse = torch.empty((batch, q.shape[2], q.shape[1]), dtype=torch.float32, device=q.device)
-    for rows, visible in ((slice(0, chunk), (rank + 1) * chunk),
-                          (slice(chunk, 2 * chunk), count * chunk)):
-        # Bottom-right causal: query i of the chunk sits at key position
-        # i + visible - chunk, its own position.
-        _fn.forward(q[:, rows], keys[:, :visible, 0], keys[:, :visible, 1], causal=True,
-                    softmax_scale=scale, out=out[:, rows], lse=lse[:, :, rows])
+    at = 0
+    for q0, q1 in _chunks(layout, rank, world, seqlen_k):
+        if left is None:
+            calls = [(slice(0, q1 - q0), slice(0, q1), True, None)]
+        else:
+            calls = _window_calls([(q0, q1)], [(0, q1)], left)
+        for rows, sl, call_causal, call_window in calls:
+            rows = slice(at + rows.start, at + rows.stop)
+            extra = {} if call_window is None else {"window": call_window}
+            _fn.forward(q[:, rows], keys[:, sl, 0], keys[:, sl, 1], causal=call_causal,
+                        softmax_scale=scale, out=out[:, rows], lse=lse[:, :, rows], **extra)
+        at += q1 - q0
     return out, lse
 
 
 def context_parallel_decode(q, k_cache, v_cache, *, cache_seqlens, group=None,
                             block_table=None, softmax_scale=None, max_seqlen_k=None,
-                            return_lse=True):
+                            return_lse=True, out_dtype=None):
     """Attention of q over a KV cache sharded across the ranks of ``group``: (out, lse),
     or out when ``return_lse`` is false.
 
@@ -296,11 +475,14 @@ def context_parallel_decode(q, k_cache, v_cache, *, cache_seqlens, group=None,
     the whole result: out like q, lse float32 [batch, heads_q, seqlen_q].  No host reads
     of device tensors (device cache_seqlens are never copied to the host), so a step can
     be captured in a CUDA graph.  ``max_seqlen_k``: forward's plan hint (the most keys a
-    shard holds for one sequence).
+    shard holds for one sequence).  ``out_dtype``: None (out like q: the partials travel
+    in q's dtype, half the bytes of float32, each rounded once before the merge) or
+    float32 (partials and result in float32, never rounded).
     """
     torch, dist = _modules()
     _check_tensors(torch, [("q", q), ("k_cache", k_cache), ("v_cache", v_cache)])
-    _, world, _ = _group_of(dist, group)
+    rank, world, _ = _group_of(dist, group)
+    f32 = _float32_out(torch, q, out_dtype)
     q = _fn._no_grad_input("q", q)
     k_cache = _fn._no_grad_input("k_cache", k_cache)
     v_cache = _fn._no_grad_input("v_cache", v_cache)
@@ -311,28 +493,27 @@ def context_parallel_decode(q, k_cache, v_cache, *, cache_seqlens, group=None,
         kw["max_seqlen_k"] = max_seqlen_k
     with torch.no_grad():
         if world == 1:
-            result = _fn.forward(q, k_cache, v_cache, **kw)
+            result = _fn.forward(q, k_cache, v_cache, out_dtype="float32" if f32 else None, **kw)
             return result if return_lse else result[0]
         batch, seqlen_q, heads_q, head_dim = q.shape
+        part = torch.float32 if f32 else q.dtype
         # One message per rank carries both partials: out's bytes, then lse's, each
-        # starting on a 16-byte boundary.
-        out_bytes = batch * seqlen_q * heads_q * head_dim * q.element_size()
+        # starting on a 16-byte boundary.  The ranks' messages are gathered in place:
+        # this rank's forward writes straight into its own slot of the gathered buffer
+        # (one allocation, no copy of the message; NCCL and gloo both take an input
+        # that is the output's slot of this rank).
+        out_bytes = batch * seqlen_q * heads_q * head_dim * (4 if f32 else q.element_size())
         lse_at = _round_up(out_bytes, 16)
         lse_bytes = batch * heads_q * seqlen_q * 4
         size = _round_up(lse_at + lse_bytes, 16)
-        message = torch.empty(size, dtype=torch.uint8, device=q.device)
-        out_local = message[:out_bytes].view(q.dtype).view(q.shape)
-        lse_local = message[lse_at:lse_at + lse_bytes].view(torch.float32).view(
-            batch, heads_q, seqlen_q)
-        _fn.forward(q, k_cache, v_cache, out=out_local, lse=lse_local, **kw)
-        if size == 0:
-            return (out_local, lse_local) if return_lse else out_local
-        gathered = torch.empty(world * size, dtype=torch.uint8, device=q.device)
-        _all_gather(dist, gathered, message, group)
-        gathered = gathered.view(world, size)
-        outs = gathered[:, :out_bytes].view(q.dtype).view((world,) + tuple(q.shape))
+        gathered = torch.empty((world, size), dtype=torch.uint8, device=q.device)
+        outs = gathered[:, :out_bytes].view(part).view((world,) + tuple(q.shape))
         lses = gathered[:, lse_at:lse_at + lse_bytes].view(torch.float32).view(
             world, batch, heads_q, seqlen_q)
+        _fn.forward(q, k_cache, v_cache, out=outs[rank], lse=lses[rank], **kw)
+        if size == 0:
+            return (outs[rank], lses[rank]) if return_lse else outs[rank]
+        _all_gather(dist, gathered.view(-1), gathered[rank], group)
         out, lse = _fn.combine(outs, lses)
     return (out, lse) if return_lse else out
 

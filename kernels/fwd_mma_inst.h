@@ -85,7 +85,7 @@ fmha_status launch_variant(const fmha_fwd_params &p)
 
 template <typename T, typename cfg, bool PAGED> fmha_status launch_mask(const fmha_fwd_params &p)
 {
-    bool split = p.num_splits > 1;
+    bool split = p.partials; /* the plan's: fp32 partials for the combine */
     if (p.causal)
         return split ? launch_variant<T, cfg, true, true, PAGED>(p) : launch_variant<T, cfg, true, false, PAGED>(p);
     return split ? launch_variant<T, cfg, false, true, PAGED>(p) : launch_variant<T, cfg, false, false, PAGED>(p);

@@ -3,7 +3,8 @@
  * fmha_rt_launch_fwd appends new keys/values to the cache when asked (dense
  * or paged, per sequence or packed), picks the producer compiled for
  * p->head_dim (the planner has already checked that one exists) and, for
- * split plans, folds the partials with the combine kernel.  Everything is
+ * plans with partials (p->partials: split plans, or an out dtype other than the
+ * inputs'), folds the partials into out with the combine kernel.  Everything is
  * enqueued on p->stream; nothing synchronises.
  */
 #include "convert.h"
@@ -151,8 +152,8 @@ fmha_status launch_mma_instead(const fmha_fwd_params &p)
 /*
  * The producer the plan chose.  The sm90 kernel's launcher answers
  * FMHA_ERR_UNSUPPORTED, launching nothing, for what the planner could not
- * see (e.g. a driver without the tensor-map encoder); its plans have one
- * split, so the tensor-core tiles then run the same problem.
+ * see (e.g. a driver without the tensor-map encoder); its plans write out
+ * directly, so the tensor-core tiles then run the same problem.
  */
 fmha_status launch_producer(const fmha_fwd_params &p)
 {
@@ -160,7 +161,7 @@ fmha_status launch_producer(const fmha_fwd_params &p)
     if (p.kernel == FMHA_KERNEL_GPU_SM90) {
         hipError_t err = hipSuccess;
         const fmha_status st = fmha_sm90_prefill_launch(p, &err, p.schedule);
-        if (st == FMHA_ERR_UNSUPPORTED && p.num_splits <= 1)
+        if (st == FMHA_ERR_UNSUPPORTED && !p.partials)
             return launch_mma_instead(p);
         return st == FMHA_ERR_RUNTIME ? record_error("fwd_sm90_kernel", err) : st;
     }
@@ -183,7 +184,7 @@ fmha_combine_params scratch_combine(const fmha_fwd_params &p)
     c.heads = p.heads_q;
     c.head_dim = p.head_dim;
     c.in_dtype = FMHA_DTYPE_F32;
-    c.out_dtype = p.dtype;
+    c.out_dtype = p.out_dtype;
     c.o_partial = p.o_accum;
     c.op_head_stride = p.head_dim;
     c.op_row_stride = p.heads_q * p.head_dim;
@@ -219,7 +220,7 @@ extern "C" fmha_status fmha_rt_launch_fwd(const fmha_fwd_params *p)
         st = fmha::launch_append(*p);
     if (st == FMHA_OK)
         st = fmha::launch_producer(*p);
-    if (st == FMHA_OK && p->num_splits > 1)
+    if (st == FMHA_OK && p->partials)
         st = fmha::launch_combine(fmha::scratch_combine(*p), true);
     return st;
 }

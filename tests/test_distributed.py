@@ -71,6 +71,26 @@ def _prefill_cases(world, gpu):
         cases.append(dict(method=method, layout="contiguous", causal=False, dtype=dtype,
                           batch=2, local_q=5, local_k=9, heads_q=2, heads_kv=2,
                           head_dim=head_dim))
+    # Causal windows, both methods and layouts: narrower than a chunk (blocks of other
+    # ranks drop rows or vanish), about a shard, wider than the sequence, right -1.
+    if not gpu or _gpu_has_windows():
+        for method in ("ring", "allgather"):
+            for layout in ("contiguous", "zigzag"):
+                for window in ((0, 0), (2, 0), (5, -1), (9, 0), (200, 0)):
+                    for dtype in dtypes:
+                        cases.append(dict(method=method, layout=layout, causal=True,
+                                          dtype=dtype, batch=1, local_q=6, local_k=6,
+                                          heads_q=4, heads_kv=2, head_dim=head_dim,
+                                          window=window))
+            cases.append(dict(method=method, layout="zigzag", causal=True, dtype=dtypes[-1],
+                              batch=2, local_q=8, local_k=8, heads_q=2, heads_kv=1,
+                              head_dim=head_dim, window=(3, 0)))
+    # out_dtype=float32 for bfloat16 inputs: no partial and no result is rounded.
+    for method in ("ring", "allgather"):
+        for layout in ("contiguous", "zigzag"):
+            cases.append(dict(method=method, layout=layout, causal=True, dtype="bf16",
+                              batch=1, local_q=6, local_k=6, heads_q=4, heads_kv=2,
+                              head_dim=head_dim, out_dtype="float32"))
     # world 3: a sub-group whose rank 0 is global rank 1 (the ring's peers are global
     # ranks); world 2: a group of one rank (no communication at all).
     for method in ("ring", "allgather"):
@@ -82,9 +102,21 @@ def _prefill_cases(world, gpu):
         case["name"] = (f"{case['method']}-{case['layout']}-"
                         f"{'causal' if case['causal'] else 'full'}-{case['dtype']}-"
                         f"q{case['local_q']}k{case['local_k']}h{case['heads_q']}/"
-                        f"{case['heads_kv']}" + _group_tag(case) +
-                        f"-{i}")
+                        f"{case['heads_kv']}" + _group_tag(case) + _window_tag(case) +
+                        _out_tag(case) + f"-{i}")
     return cases
+
+
+def _gpu_has_windows():
+    """Whether the GPU kernels run a causal window (the CPU always does)."""
+    if not torch.cuda.is_available() or not fmha_native.info().get("devices"):
+        return False
+    x = torch.zeros(1, 16, 2, 64, dtype=torch.bfloat16, device="cuda")
+    try:
+        plan = fmha_native.explain(x, x, x, causal=True, window=(4, 0))
+    except NotImplementedError:
+        return False
+    return bool(plan.get("supported"))
 
 
 def _decode_cases(world, gpu):
@@ -99,11 +131,22 @@ def _decode_cases(world, gpu):
     cases.append(dict(kind="decode", dtype=dtypes[0], paged=False, batch=2, seqlen_q=1,
                       heads_q=2, heads_kv=1, head_dim=head_dim,
                       group=[1, 2] if world == 3 else [0]))
+    for paged in (False, True):
+        cases.append(dict(kind="decode", dtype="bf16", paged=paged, batch=4, seqlen_q=2,
+                          heads_q=4, heads_kv=2, head_dim=head_dim, out_dtype="float32"))
     for i, case in enumerate(cases):
         case["name"] = (f"decode-{case['dtype']}-{'paged' if case['paged'] else 'dense'}-"
-                        f"sq{case['seqlen_q']}" + _group_tag(case) +
+                        f"sq{case['seqlen_q']}" + _group_tag(case) + _out_tag(case) +
                         f"-{i}")
     return cases
+
+
+def _window_tag(case):
+    return "-window{}_{}".format(*case["window"]) if case.get("window") else ""
+
+
+def _out_tag(case):
+    return "-out" + case["out_dtype"] if case.get("out_dtype") else ""
 
 
 def _group_tag(case):
@@ -201,17 +244,19 @@ def _run_case(case, rank, world, groups, device):
     inputs = {key: value.to(device) if torch.is_tensor(value) else value
               for key, value in case["ranks"][members.index(rank)].items()}
     if case["kind"] == "prefill":
+        extra = {"window": case["window"]} if case.get("window") else {}
         return context_parallel_forward(
             inputs["q"], inputs["k"], inputs["v"], group=group, causal=case["causal"],
             softmax_scale=case.get("softmax_scale"), method=case["method"],
-            layout=case["layout"])
+            layout=case["layout"], out_dtype=case.get("out_dtype"), **extra)
     out, lse = context_parallel_decode(
         inputs["q"], inputs["k"], inputs["v"], cache_seqlens=inputs["cache_seqlens"],
-        block_table=inputs.get("block_table"), group=group)
+        block_table=inputs.get("block_table"), group=group, out_dtype=case.get("out_dtype"))
     # return_lse=False gives the same out.
     alone = context_parallel_decode(
         inputs["q"], inputs["k"], inputs["v"], cache_seqlens=inputs["cache_seqlens"],
-        block_table=inputs.get("block_table"), group=group, return_lse=False)
+        block_table=inputs.get("block_table"), group=group, return_lse=False,
+        out_dtype=case.get("out_dtype"))
     assert torch.equal(alone, out)
     return out, lse
 
@@ -296,6 +341,7 @@ def _all_cases(backend, world):
     cases = _prefill_cases(world, gpu) + _decode_cases(world, gpu)
     for case in cases:
         (_prepare_prefill if case["kind"] == "prefill" else _prepare_decode)(case, world, gen)
+        case["gpu"] = gpu
     return cases
 
 
@@ -325,13 +371,21 @@ def _expected(case, device):
     full = case["full"]
     if case["kind"] == "prefill":
         kw = {"causal": case["causal"], "softmax_scale": case.get("softmax_scale")}
+        if case.get("window"):
+            kw["window"] = case["window"]
     else:
         kw = {"cache_seqlens": full["cache_seqlens"]}
     dev = {key: value.to(device) for key, value in full.items()}
     if case["kind"] == "decode":
         dev["cache_seqlens"] = full["cache_seqlens"].to(device)
         kw["cache_seqlens"] = dev["cache_seqlens"]
-    one = fmha_native.forward(dev["q"], dev["k"], dev["v"], **kw)
+    # A window runs on the CPU backend (GPU kernels for it may not be built yet).
+    one_dev = "cpu" if case.get("window") else device
+    dev = {key: value.to(one_dev) for key, value in dev.items()}
+    if "cache_seqlens" in kw:
+        kw["cache_seqlens"] = dev["cache_seqlens"]
+    one = fmha_native.forward(dev["q"], dev["k"], dev["v"], out_dtype=case.get("out_dtype"),
+                              **kw)
     ref_kw = dict(kw)
     if case["kind"] == "decode":
         ref_kw["cache_seqlens"] = full["cache_seqlens"].numpy()
@@ -349,9 +403,14 @@ def _check(case, rank_out, rank_lse, one, ref, rows, what):
     out, lse = _f64(rank_out), _f64(rank_lse)
     one_out, one_lse = _f64(one[0])[:, rows], _f64(one[1])[:, :, rows]
     ref_out, ref_lse = ref[0][:, rows], ref[1][:, :, rows]
-    assert rank_out.dtype == DTYPES[case["dtype"]] and rank_lse.dtype == torch.float32, what
-    assert_close(out, lse, ref_out, ref_lse, case["dtype"], what=what)
-    if case["dtype"] == "f32":
+    f32_out = case.get("out_dtype") == "float32"
+    out_dtype = torch.float32 if f32_out else DTYPES[case["dtype"]]
+    assert rank_out.dtype == out_dtype and rank_lse.dtype == torch.float32, what
+    # out_dtype=float32 on the CPU: nothing is rounded after the fp32 math, so the float32
+    # bound holds for bfloat16 inputs too (GPU tiles round P to bfloat16: its own bound).
+    bound = "f32" if f32_out and not case["gpu"] else case["dtype"]
+    assert_close(out, lse, ref_out, ref_lse, bound, what=what)
+    if case["dtype"] == "f32" or (f32_out and not case["gpu"]):
         # Same arithmetic up to the order of the merge: close to the last bits.
         fin = np.isfinite(one_lse)
         assert np.array_equal(np.isneginf(lse), np.isneginf(one_lse)), what
@@ -408,6 +467,12 @@ def _small(dtype=torch.float32):
     (dict(q=torch.zeros(1, 5, 2, 16), k=torch.zeros(1, 5, 2, 16), v=torch.zeros(1, 5, 2, 16),
           causal=True, layout="zigzag"), ValueError, "even"),
     (dict(v=torch.zeros(1, 5, 2, 16)), ValueError, "one shape"),
+    (dict(out_dtype="bfloat16"), ValueError, "out_dtype"),
+    (dict(window=(4, 0)), NotImplementedError, "window"),
+    (dict(window=(4, 2), causal=True), ValueError, "window"),
+    (dict(window=(-2, 0), causal=True), ValueError, "window"),
+    (dict(window=4, causal=True), TypeError, "window"),
+    (dict(out_dtype=torch.float16), ValueError, "out_dtype"),
     ({}, ValueError, "init_process_group"),
 ])
 def test_forward_argument_errors(change, error, match):
@@ -420,6 +485,106 @@ def test_forward_argument_errors(change, error, match):
     kw.update(change)
     with pytest.raises(error, match=match):
         context_parallel_forward(kw.pop("q"), kw.pop("k"), kw.pop("v"), **kw)
+
+
+def _covered(calls, nq, nk):
+    """How often each (local query row, local key row) pair is attended by the calls,
+    under forward's rule: a call of sq rows and sk keys puts row i at position
+    i + sk - sq, causal keeps keys <= it, window (left, right) those within."""
+    counts = np.zeros((nq, nk), int)
+    for rows, keys, causal, window in calls:
+        sq, sk = rows.stop - rows.start, keys.stop - keys.start
+        for i in range(sq):
+            pos = i + sk - sq
+            for j in range(sk):
+                ok = j <= pos if causal else True
+                if window is not None:
+                    wl, wr = window
+                    wr = 0 if causal else wr
+                    ok = ok and (wl < 0 or j >= pos - wl) and (wr < 0 or j <= pos + wr)
+                counts[rows.start + i, keys.start + j] += ok
+    return counts
+
+
+def _visible(q_pos, k_pos, left):
+    return np.array([[int(p - left <= j <= p) for j in k_pos] for p in q_pos])
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+@pytest.mark.parametrize("layout", ["contiguous", "zigzag"])
+@pytest.mark.parametrize("local", [2, 6, 7])
+def test_window_calls_cover_exactly_the_window(world, layout, local):
+    """Every (rank, source rank) block of the ring, for windows from 0 to past the
+    sequence: each visible pair is attended exactly once, nothing else at all."""
+    from fmha_native.distributed import _chunks, _window_calls
+
+    if layout == "zigzag" and local % 2:
+        pytest.skip("zigzag holds two equal chunks")
+    for left in (0, 1, 2, 3, local - 1, local, local + 1, 2 * local + 3, 10 * local * world):
+        for rank in range(world):
+            mine = _chunks(layout, rank, world, local)
+            q_pos = [p for a, b in mine for p in range(a, b)]
+            for src in range(world):
+                theirs = _chunks(layout, src, world, local)
+                k_pos = [p for a, b in theirs for p in range(a, b)]
+                calls = _window_calls(mine, theirs, left)
+                got = _covered(calls, len(q_pos), len(k_pos))
+                want = _visible(q_pos, k_pos, left)
+                assert np.array_equal(got, want), (left, rank, src, calls)
+                # No call attends to nothing, and rows are never given twice in one call.
+                assert all(r.stop > r.start and c.stop > c.start for r, c, _, _ in calls)
+
+
+@pytest.mark.parametrize("q_range, k_range", [((5, 9), (0, 9)), ((5, 9), (2, 4)),
+                                              ((5, 9), (9, 12)), ((0, 3), (0, 3))])
+def test_window_calls_prefix_and_before(q_range, k_range):
+    """The all-gather's prefix blocks and arbitrary key ranges before the queries."""
+    from fmha_native.distributed import _window_calls
+
+    for left in range(0, 12):
+        calls = _window_calls([q_range], [k_range], left)
+        got = _covered(calls, q_range[1] - q_range[0], k_range[1] - k_range[0])
+        assert np.array_equal(got, _visible(range(*q_range), range(*k_range), left)), left
+
+
+def test_window_calls_refuse_other_overlaps():
+    from fmha_native.distributed import _window_calls
+
+    with pytest.raises(ValueError, match="overlap"):
+        _window_calls([(4, 8)], [(2, 6)], 3)
+
+
+@pytest.mark.parametrize("wide", [True, False])
+def test_ring_partials_float32_or_rounded_once(monkeypatch, wide):
+    """The ring's two ways of making a block's partial, in one process (rank 1 of 2 with
+    no transfers: its own K/V stand for rank 0's too): float32 (the CPU, and GPU blocks
+    whose producer writes fp32 partials) or rounded to q's dtype and widened (GPU blocks
+    the sm90 kernel runs); _wide_partials decides per distinct block, and not at all when
+    the caller asks for a float32 result."""
+    from fmha_native import distributed as cp
+
+    gen = torch.Generator().manual_seed(9)
+    q, k, v = (torch.randn(1, 8, 2, 32, generator=gen).bfloat16() for _ in range(3))
+    asked = []
+    monkeypatch.setattr(cp, "_wide_partials",
+                        lambda torch_, args, kw: asked.append(args[0].shape[1]) or wide)
+
+    def run(f32_result):
+        return cp._ring(torch, dist, q, k, v, True, None, "contiguous", None, 1, 2,
+                        lambda i: i, communicate=False, f32_result=f32_result)
+
+    out, lse = run(False)
+    assert sorted(asked) == [8, 8] and out.dtype == torch.bfloat16
+    # Keys 0..7 (rank 0's, here the same values) then 8..15 causally.
+    kk, vv = torch.cat([k, k], 1), torch.cat([v, v], 1)
+    ref_out, ref_lse = reference.forward(q, kk, vv, causal=True)
+    assert_close(_f64(out), _f64(lse), ref_out, ref_lse, "bf16")
+    asked.clear()
+    out32, lse32 = run(True)
+    assert not asked and out32.dtype == torch.float32
+    assert_close(_f64(out32), _f64(lse32), ref_out, ref_lse, "f32")
+    if wide:  # the same float32 partials: the 16-bit result is the float32 one rounded
+        assert torch.equal(out32.bfloat16(), out)
 
 
 def test_decode_needs_a_group():
