@@ -15,6 +15,8 @@ Rows:
            against dense decode over W + 1 keys.  Target: windowed / dense <= 1.10.
   cost     the same problem plain, with softcap 30, with sinks, and with both.  Target:
            each feature / plain <= 1.05.
+  head_dim prefill (B,H,H,S,S,D) causal at every GPU head_dim against cuDNN and FA2 on
+           the same problem (TFLOP/s; target for 96/192/256: >= cuDNN).
 Every windowed and feature result is checked against the plain kernel run on the keys
 it sees (max_diff).
 """
@@ -49,6 +51,9 @@ COST = [
     (4, 32, 8, 16, 16384, 128, True),
 ]
 SOFTCAP = 30.0
+# (batch, heads, seqlen, causal) at each head_dim
+HEAD_DIM_PROBLEM = (4, 16, 4096, True)
+HEAD_DIMS = (32, 64, 80, 96, 128, 192, 256)
 
 
 def randn(*shape, gen):
@@ -131,19 +136,46 @@ def bench_cost(shape, reps):
     return row
 
 
+def bench_head_dim(head_dim, reps):
+    b, h, s, causal = HEAD_DIM_PROBLEM
+    q, k, v, out, lse = bench.make_problem(b, h, h, s, s, head_dim)
+    row = {"kind": "head_dim", "shape": [b, h, h, s, s, head_dim, causal]}
+    plan = fmha_native.explain(q, k, v, causal=causal)
+    fns = {}
+    if plan["supported"]:
+        row["plan"] = plan["kernel"]
+        fns["ours"] = lambda: fmha_native.forward(q, k, v, causal=causal, out=out, lse=lse)
+    else:
+        row["plan"] = "refused: " + plan["reason"][:60]
+    fns.update(bench.peer_fns(row, q, k, v, causal))
+    for name, ms in bench.time_all(fns, reps, False).items():
+        row[name + "_ms"] = ms
+    f = bench.flops(b, h, h, s, s, head_dim, causal)
+    for name in ("ours", "cudnn", "flash"):
+        if row.get(name + "_ms"):
+            row[name + "_tflops"] = f / row[name + "_ms"] / 1e9
+    if row.get("ours_ms") and row.get("cudnn_ms"):
+        row["ours_vs_cudnn"] = row["cudnn_ms"] / row["ours_ms"]
+    return row
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--json")
+    ap.add_argument("--only", choices=("window", "cost", "head_dim"), action="append",
+                    help="run only these row kinds (repeatable)")
     args = ap.parse_args()
+    groups = {"window": ((bench_window_prefill, WINDOW_PREFILL), (bench_window_decode, WINDOW_DECODE)),
+              "cost": ((bench_cost, COST),), "head_dim": ((bench_head_dim, HEAD_DIMS),)}
     rows = []
-    for fn, shapes in ((bench_window_prefill, WINDOW_PREFILL), (bench_window_decode, WINDOW_DECODE),
-                       (bench_cost, COST)):
+    for fn, shapes in (g for kind in args.only or list(groups) for g in groups[kind]):
         for shape in shapes:
             try:
                 rows.append(fn(shape, args.reps))
             except (NotImplementedError, RuntimeError, ValueError) as exc:
-                rows.append({"kind": fn.__name__, "shape": list(shape), "error": str(exc)[:200]})
+                rows.append({"kind": fn.__name__, "shape": [shape] if isinstance(shape, int) else list(shape),
+                             "error": str(exc)[:200]})
             print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
             torch.cuda.empty_cache()
     print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}  "
@@ -166,6 +198,15 @@ def main():
                   f"{r['softcap_over_plain']:6.3f} {r['sinks_over_plain']:6.3f} {r['both_over_plain']:6.3f} "
                   f"{bench.fmt(r.get('cudnn_ms'), '8.4f')} {bench.fmt(r.get('flash_ms'), '8.4f')} "
                   f"{r['sinks_max_diff']:9.1e}  {r['plans']['plain']} / {r['plans']['both']}")
+    print(f"{'head_dim (B,H,H,S,S,D,causal)':38s} {'ours ms':>8s} {'cudnn ms':>8s} {'fa2 ms':>8s} "
+          f"{'ours TF':>7s} {'cudnn TF':>8s} {'vs cuDNN':>8s}  plan")
+    for r in rows:
+        if r["kind"] == "head_dim" and "error" not in r:
+            b, h, _, s, _, d, c = r["shape"]
+            print(f"{str((b, h, h, s, s, d, int(c))):38s} {bench.fmt(r.get('ours_ms'), '8.4f')} "
+                  f"{bench.fmt(r.get('cudnn_ms'), '8.4f')} {bench.fmt(r.get('flash_ms'), '8.4f')} "
+                  f"{bench.fmt(r.get('ours_tflops'), '7.1f')} {bench.fmt(r.get('cudnn_tflops'), '8.1f')} "
+                  f"{bench.fmt(r.get('ours_vs_cudnn'), '8.3f')}  {r['plan']}")
     print("command: python benchmarks/bench_features.py " + " ".join(sys.argv[1:]))
     if args.json:
         with open(args.json, "w") as f:

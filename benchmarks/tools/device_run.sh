@@ -187,7 +187,7 @@ if has hostcost; then
   python3 benchmarks/host_overhead.py > "$OUT/host_overhead.log" 2>&1; note hostcost $? "$OUT/host_overhead.log"
 fi
 if has features; then
-  python3 benchmarks/bench_features.py --json "$OUT/features.json" > "$OUT/features.log" 2> "$OUT/features_rows.log"
+  python3 benchmarks/bench_features.py ${FEATURES_ARGS:-} --json "$OUT/features.json" > "$OUT/features.log" 2> "$OUT/features_rows.log"
   note features $? "$OUT/features_rows.log"
 fi
 if has cp; then
