@@ -34,6 +34,14 @@ typedef struct fmha_explain_serving {
 } fmha_explain_serving;
 
 /* One planned call, as the binding layer saw it. */
+/* How k_scale / v_scale of an fp8 KV cache were given (issue 22). */
+typedef enum fmha_scale_kind {
+    FMHA_SCALE_NONE = 0,        /* not given: 1.0 */
+    FMHA_SCALE_TENSOR = 1,      /* a Python number or a 0-d float32 tensor */
+    FMHA_SCALE_HEAD = 2,        /* float32 [heads_kv] */
+    FMHA_SCALE_BATCH_HEAD = 3,  /* float32 [batch, heads_kv] */
+} fmha_scale_kind;
+
 typedef struct fmha_explain_input {
     const fmha_fwd_params *p;       /* problem fields (batch ... seqlen_new, softmax_scale) */
     const fmha_target *target;      /* where the plan is for (CPU threads or the GPU's facts) */
@@ -48,6 +56,7 @@ typedef struct fmha_explain_input {
     int length_independent;         /* device cache_seqlens: the plan never read them */
     int64_t planned_keys;           /* ... and was made for this many keys per sequence */
     fmha_explain_serving serving;   /* zero: dense, no pages */
+    fmha_scale_kind k_scale_kind, v_scale_kind; /* fp8 KV cache: how the scales were given */
 } fmha_explain_input;
 
 /* d[key] = value, dropping the reference to value (the caller's new reference);

@@ -56,6 +56,9 @@
     X(WINDOW, "window")                                                                \
     X(SOFTCAP, "softcap")                                                              \
     X(SINKS, "sinks")                                                                  \
+    X(KV_DTYPE, "kv_dtype")                                                            \
+    X(K_SCALE, "k_scale")                                                              \
+    X(V_SCALE, "v_scale")                                                              \
     X(OUTS, "outs")                                                                    \
     X(LSES, "lses")
 
