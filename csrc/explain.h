@@ -81,7 +81,8 @@ PyObject *fmha_explain_raise_unsupported(const fmha_explain_input *in);
  * seqlen_new; paged (1: a paged cache of 16-key pages, seqlen_k its
  * capacity), varlen (1: packed queries, seqlen_q the longest) and seqlens_k
  * (with varlen: packed key lengths, list of ints); window_left, window_right
- * (-1 = unbounded), softcap (an int, 0 = off) and sinks (1: given).
+ * (-1 = unbounded), softcap (an int, 0 = off) and sinks (1: given); kv_dtype
+ * ("float8_e4m3fn": an fp8 KV cache; default: dtype).
  * device: name, arch, cc (major, minor), is_amd, sm_count, warp_size,
  * l2_bytes, max_smem_per_block, max_smem_per_sm, ctas_per_sm
  * ({"prefill"|"decode": [per tile-table row]}), archs_built (the archs the

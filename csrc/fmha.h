@@ -27,16 +27,18 @@ extern "C" {
 
 #define FMHA_VERSION "0.1.0"
 
-/* Element type of q, k, v and out (lse and split partials are always fp32);
- * E4M3 (float8 e4m3fn: 1 sign, 4 exponent bits with bias 7, 3 mantissa bits, no
- * infinities, 0x7f/0xff NaN, largest finite 448) only for an fp8 KV cache
- * (fmha_fwd_params.kv_dtype). */
+/* Element type of q, k, v and out (lse and split partials are always fp32). */
 typedef enum fmha_dtype {
     FMHA_DTYPE_F16 = 0,
     FMHA_DTYPE_BF16 = 1,
     FMHA_DTYPE_F32 = 2,
-    FMHA_DTYPE_E4M3 = 3,
 } fmha_dtype;
+
+/* float8 e4m3fn (1 sign, 4 exponent bits with bias 7, 3 mantissa bits, no infinities,
+ * 0x7f/0xff NaN, largest finite 448): only fmha_fwd_params.kv_dtype holds it (an fp8 KV
+ * cache).  Not an enumerator, so that the switches over the types q and out can have
+ * stay exhaustive. */
+#define FMHA_DTYPE_E4M3 ((fmha_dtype)3)
 
 typedef enum fmha_status {
     FMHA_OK = 0,
