@@ -286,6 +286,63 @@ static int conv_out_dtype(PyObject *obj, void *addr)
     return 1;
 }
 
+/* kv_dtype=: None or "e4m3fn" / "float8_e4m3fn" (issue 22). */
+static int conv_kv_dtype(PyObject *obj, void *addr)
+{
+    fmha_kv_choice *out = addr;
+    if (obj == Py_None) {
+        *out = FMHA_KV_AUTO;
+        return 1;
+    }
+    if (PyUnicode_Check(obj) && (PyUnicode_CompareWithASCIIString(obj, "e4m3fn") == 0 ||
+                                 PyUnicode_CompareWithASCIIString(obj, "float8_e4m3fn") == 0)) {
+        *out = FMHA_KV_E4M3FN;
+        return 1;
+    }
+    PyErr_Format(PyExc_ValueError, "kv_dtype must be None (k and v's own dtype) or \"e4m3fn\" "
+                 "(float8 e4m3fn codes, also in uint8 storage), got %R", obj);
+    return 0;
+}
+
+/* k_scale= / v_scale=: None, a Python number (positive, finite in float32) or an
+ * array, opened and checked by validate.c. */
+static int conv_kv_scale(PyObject *obj, const char *name, fmha_opt_kv_scale *s)
+{
+    s->given = 0;
+    s->value = 1.0;
+    s->obj = Py_None;
+    if (obj == Py_None)
+        return 1;
+    if (PyBool_Check(obj)) {
+        PyErr_Format(PyExc_TypeError, "%s must be a real number or a float32 array, got bool",
+                     name);
+        return 0;
+    }
+    if (!PyFloat_Check(obj) && !PyLong_Check(obj)) {
+        s->given = 2;
+        s->obj = obj;
+        return 1;
+    }
+    double v = PyFloat_AsDouble(obj);
+    if (v == -1.0 && PyErr_Occurred()) {
+        if (!PyErr_ExceptionMatches(PyExc_OverflowError))
+            return 0;
+        PyErr_Clear();
+        v = INFINITY;
+    }
+    if (!(v > 0.0) || !isfinite((float)v)) {
+        PyErr_Format(PyExc_ValueError, "%s must be positive and finite in float32 (the fp8 "
+                     "dequantization factor), got %R", name, obj);
+        return 0;
+    }
+    s->given = 1;
+    s->value = v;
+    return 1;
+}
+
+static int conv_k_scale(PyObject *obj, void *addr) { return conv_kv_scale(obj, "k_scale", addr); }
+static int conv_v_scale(PyObject *obj, void *addr) { return conv_kv_scale(obj, "v_scale", addr); }
+
 /* ------------------------------------------------------------------------ */
 /* Specs                                                                     */
 /* ------------------------------------------------------------------------ */
@@ -297,7 +354,7 @@ typedef struct fmha_arg {
 } fmha_arg;
 
 /* More than any spec below has. */
-#define FMHA_MAX_ARGS 24
+#define FMHA_MAX_ARGS 28
 
 typedef struct fmha_arg_spec {
     const fmha_arg *args;
@@ -330,6 +387,9 @@ static const fmha_arg forward_args[] = {
     FWD_ARG(SOFTCAP, conv_softcap, softcap),
     FWD_ARG(SINKS, conv_object, sinks),
     FWD_ARG(OUT_DTYPE, conv_out_dtype, out_f32),
+    FWD_ARG(KV_DTYPE, conv_kv_dtype, kv_dtype),
+    FWD_ARG(K_SCALE, conv_k_scale, k_scale),
+    FWD_ARG(V_SCALE, conv_v_scale, v_scale),
 };
 #undef FWD_ARG
 static const fmha_arg_spec forward_spec = {
@@ -441,6 +501,8 @@ int fmha_parse_forward(const fmha_module_state *st, const char *fname, PyObject 
     a->out = a->lse = a->cache_seqlens = a->k_new = a->v_new = Py_None;
     a->block_table = a->cu_seqlens_q = a->cu_seqlens_k = a->sinks = Py_None;
     a->window.left = a->window.right = -1;
+    a->k_scale.value = a->v_scale.value = 1.0;
+    a->k_scale.obj = a->v_scale.obj = Py_None;
     return parse_args(st, &forward_spec, fname, args, nargs, kwnames, a);
 }
 

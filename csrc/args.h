@@ -45,10 +45,25 @@ typedef struct fmha_opt_window {
     long long left, right;
 } fmha_opt_window;
 
+/* kv_dtype= (issue 22): None, k/v's own dtype; "e4m3fn" (or "float8_e4m3fn"): k/v hold
+ * float8 e4m3fn codes, as float8_e4m3fn or uint8 arrays. */
+typedef enum fmha_kv_choice {
+    FMHA_KV_AUTO = 0,
+    FMHA_KV_E4M3FN = 1,
+} fmha_kv_choice;
+
+/* k_scale= / v_scale= of an fp8 KV cache: None (1.0), a Python number (per tensor:
+ * positive and finite in float32, checked here), or an array (validate.c). */
+typedef struct fmha_opt_kv_scale {
+    int given;                  /* 0: None; 1: a number (value); 2: an array (obj) */
+    double value;
+    PyObject *obj;              /* borrowed; Py_None unless an array */
+} fmha_opt_kv_scale;
+
 /* forward(q, k, v, *, causal, softmax_scale, num_splits, return_lse, out,
  * lse, device, stream, cache_seqlens, k_new, v_new, max_seqlen_k,
  * block_table, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, window, softcap,
- * sinks, out_dtype); explain takes the same.
+ * sinks, out_dtype, kv_dtype, k_scale, v_scale); explain takes the same.
  * Tensor arguments not given are Py_None. */
 typedef struct fmha_fwd_args {
     PyObject *q, *k, *v;
@@ -68,6 +83,8 @@ typedef struct fmha_fwd_args {
     double softcap;             /* >= 0, finite in float32; 0 = off */
     PyObject *sinks;            /* float32 [heads_q] attention-sink logits */
     int out_f32;                /* out_dtype=float32 given (0: None, out like q or out='s) */
+    fmha_kv_choice kv_dtype;    /* fp8 KV cache (issue 22) */
+    fmha_opt_kv_scale k_scale, v_scale;
 } fmha_fwd_args;
 
 /* combine(outs, lses, *, out, lse, stream, sinks) */

@@ -91,7 +91,8 @@ static void fwd_close(fmha_fwd_call *c)
     }
     fmha_tensor *views[] = {&c->t.q,     &c->t.k,     &c->t.v,           &c->t.out,
                             &c->t.lse,   &c->t.seqlens, &c->t.k_new,     &c->t.v_new,
-                            &c->t.block_table, &c->t.cu_q, &c->t.cu_k, &c->t.sinks};
+                            &c->t.block_table, &c->t.cu_q, &c->t.cu_k, &c->t.sinks,
+                            &c->t.k_scale, &c->t.v_scale};
     for (size_t i = 0; i < sizeof views / sizeof views[0]; i++)
         fmha_tensor_close(views[i]);
     Py_CLEAR(c->out_obj);
@@ -120,6 +121,8 @@ static int fwd_open(fmha_module_state *st, fmha_fwd_call *c)
         {a->cu_seqlens_q, &c->t.cu_q, "cu_seqlens_q", 0},
         {a->cu_seqlens_k, &c->t.cu_k, "cu_seqlens_k", 0},
         {a->sinks, &c->t.sinks, "sinks", 0},
+        {a->k_scale.obj, &c->t.k_scale, "k_scale", 0},
+        {a->v_scale.obj, &c->t.v_scale, "v_scale", 0},
     };
     size_t n = sizeof args / sizeof args[0];
     for (size_t i = 0; i < n; i++)
@@ -162,6 +165,10 @@ static void fwd_fill_problem(fmha_fwd_call *c)
     /* Only its presence counts until fwd_fill_pointers points it at placed memory. */
     static const float sinks_present = 0.0f;
     p->sinks = c->t.sinks.present ? &sinks_present : NULL;
+    /* fp8 KV cache (issue 22): a number's factor here, an array's in fwd_fill_pointers. */
+    p->kv_dtype = g->kv_fp8 ? FMHA_DTYPE_E4M3 : p->dtype;
+    p->k_scale = (float)c->a.k_scale.value;
+    p->v_scale = (float)c->a.v_scale.value;
     p->seqlen_new = c->append ? g->seqlen_new : 0;
     p->total_q = g->varlen_q ? g->total_q : 0;
     p->total_k = g->varlen_k ? g->total_k : 0;
@@ -311,6 +318,16 @@ static int fwd_plan(fmha_module_state *st, fmha_fwd_call *c)
     return 0;
 }
 
+/* How an fp8 scale was given: a number or a 0-d array is per tensor. */
+static fmha_scale_kind scale_kind(const fmha_opt_kv_scale *a, const fmha_tensor *t)
+{
+    if (!a->given)
+        return FMHA_SCALE_NONE;
+    if (!t->present || t->ndim == 0)
+        return FMHA_SCALE_TENSOR;
+    return t->ndim == 1 ? FMHA_SCALE_HEAD : FMHA_SCALE_BATCH_HEAD;
+}
+
 /* The call as explain.c describes it. */
 static fmha_explain_input explain_input(const fmha_fwd_call *c, fmha_target *target,
                                         fmha_target *gpu_target)
@@ -319,6 +336,8 @@ static fmha_explain_input explain_input(const fmha_fwd_call *c, fmha_target *tar
     fill_target(c, FMHA_BACKEND_GPU, gpu_target);
     fmha_explain_input in = {
         .p = &c->p, .target = target, .plan = &c->plan,
+        .k_scale_kind = scale_kind(&c->a.k_scale, &c->t.k_scale),
+        .v_scale_kind = scale_kind(&c->a.v_scale, &c->t.v_scale),
         .requested_splits = c->a.num_splits,
         .kv_cache = c->t.seqlens.present,
         .inputs_on_host = !c->t.q.on_gpu, .device_ordinal = c->gpu_device,
@@ -411,7 +430,7 @@ static int fwd_place_memory(const fmha_module_state *st, fmha_fwd_call *c)
 {
     fmha_tensor *inputs[] = {&c->t.q,       &c->t.k,           &c->t.v,    &c->t.k_new,
                              &c->t.v_new,   &c->t.seqlens,     &c->t.cu_q, &c->t.cu_k,
-                             &c->t.block_table, &c->t.sinks};
+                             &c->t.block_table, &c->t.sinks, &c->t.k_scale, &c->t.v_scale};
     fmha_tensor *outputs[] = {&c->t.out, &c->t.lse};
     if (c->backend == FMHA_BACKEND_CPU) {
         for (size_t i = 0; i < sizeof inputs / sizeof inputs[0]; i++)
@@ -449,6 +468,15 @@ static int fwd_place_memory(const fmha_module_state *st, fmha_fwd_call *c)
     return fmha_raise_status(st, status, "copying host arrays to the GPU");
 }
 
+/* An fp8 scale array's pointer and (batch, kv head) strides: [] and [heads_kv] have
+ * batch stride 0, [] head stride 0 too; NULL when not given. */
+static void scale_layout(const fmha_tensor *t, const float **ptr, int64_t *batch, int64_t *head)
+{
+    *ptr = t->present ? (const float *)t->data : NULL;
+    *batch = t->present && t->ndim == 2 ? t->strides[0] : 0;
+    *head = t->present && t->ndim >= 1 ? t->strides[t->ndim - 1] : 0;
+}
+
 /* Point the params at the views' (possibly copied or staged) memory. */
 static void fwd_fill_pointers(fmha_fwd_call *c)
 {
@@ -471,6 +499,8 @@ static void fwd_fill_pointers(fmha_fwd_call *c)
     p->block_table = t->block_table.present ? (const int32_t *)t->block_table.data : NULL;
     p->block_table_stride = t->block_table.present ? t->block_table.strides[0] : 0;
     p->sinks = t->sinks.present ? (const float *)t->sinks.data : NULL;
+    scale_layout(&t->k_scale, &p->k_scales, &p->k_scales_batch_stride, &p->k_scales_head_stride);
+    scale_layout(&t->v_scale, &p->v_scales, &p->v_scales_batch_stride, &p->v_scales_head_stride);
     if (c->append) {
         p->k_new = t->k_new.data;
         p->v_new = t->v_new.data;

@@ -187,7 +187,49 @@ static uint16_t f32_to_bf16(float f)
 
 static size_t dtype_size(fmha_dtype dt)
 {
+    if (dt == FMHA_DTYPE_E4M3)
+        return 1;
     return dt == FMHA_DTYPE_F32 ? sizeof(float) : sizeof(uint16_t);
+}
+
+/* ---- fp8 KV cache (issue 22) ---- */
+
+/* 448 (the largest finite e4m3fn) and 2^-6 (its smallest normal) as fp32 bits, the code
+ * of +448, and the subnormal step 2^-9 as a factor. */
+#define FMHA_E4M3_MAX_BITS 0x43e00000u
+#define FMHA_E4M3_MIN_NORMAL_BITS 0x3c800000u
+#define FMHA_E4M3_MAX_CODE 0x7eu
+#define FMHA_E4M3_SUBNORMAL_STEPS 512.0f
+/* Mantissa bits an e4m3 drops from an fp32, and the round-half-to-even increment below them. */
+#define FMHA_E4M3_HALF_ULP_M1 0x7ffffu
+
+/* fp32 to float8 e4m3fn: round to nearest even, |f| >= 448 (infinities too) saturated to
+ * +-448, NaN to NaN (the append's quantize-on-write, fmha.h). */
+static uint8_t f32_to_e4m3(float f)
+{
+    uint32_t x = fmha_f32_to_bits(f);
+    uint8_t sign = (uint8_t)((x >> 24) & FMHA_E4M3_SIGN);
+    uint32_t ax = x & FMHA_F32_ABS_MASK;
+    if (ax > FMHA_F32_INF_BITS)
+        return (uint8_t)(sign | FMHA_E4M3_NAN);
+    if (ax >= FMHA_E4M3_MAX_BITS)
+        return (uint8_t)(sign | FMHA_E4M3_MAX_CODE);
+    if (ax < FMHA_E4M3_MIN_NORMAL_BITS) {
+        /* Multiples of 2^-9: the scaled magnitude (exact, < 8) rounded; 8 is the smallest
+         * normal's code. */
+        return (uint8_t)(sign | (uint8_t)rintf(fmha_bits_to_f32(ax) * FMHA_E4M3_SUBNORMAL_STEPS));
+    }
+    uint32_t odd = (ax >> FMHA_E4M3_SHIFT) & 1u;
+    uint32_t top = (ax + FMHA_E4M3_HALF_ULP_M1 + odd) >> FMHA_E4M3_SHIFT;
+    return (uint8_t)(sign | (top - FMHA_E4M3_REBIAS));
+}
+
+/* The dequantization factor of kv head h in sequence b: scale times the array's entry
+ * when there is one (fmha.h). */
+static float kv_factor(float scale, const float *scales, int64_t batch_stride,
+                       int64_t head_stride, int64_t b, int64_t h)
+{
+    return scales ? scale * scales[b * batch_stride + h * head_stride] : scale;
 }
 
 static int dtype_valid(fmha_dtype dt)
@@ -649,7 +691,8 @@ static void load_kv(const fwd_job *job, fwd_scratch *s, int64_t b, const seq_geo
                     int64_t kvh, int64_t n0, int64_t nb)
 {
     const fmha_fwd_params *p = job->p;
-    size_t es = dtype_size(p->dtype);
+    const fmha_dtype kv = fmha_kv_dtype(p);
+    size_t es = dtype_size(kv);
     const unsigned char *kp = (const unsigned char *)p->k;
     const unsigned char *vp = (const unsigned char *)p->v;
     int64_t kh = kvh * p->k_head_stride, vh = kvh * p->v_head_stride;
@@ -658,9 +701,9 @@ static void load_kv(const fwd_job *job, fwd_scratch *s, int64_t b, const seq_geo
         int64_t k_off = (p->cu_seqlens_k ? 0 : b * p->k_batch_stride) + row * p->k_row_stride + kh;
         int64_t v_off = (p->cu_seqlens_k ? 0 : b * p->v_batch_stride) + row * p->v_row_stride + vh;
         job->kern->widen(s->kbuf, job->kv_ld, kp + (size_t)k_off * es, nb, p->k_row_stride,
-                         p->head_dim, p->dtype);
+                         p->head_dim, kv);
         job->kern->widen(s->vbuf, job->kv_ld, vp + (size_t)v_off * es, nb, p->v_row_stride,
-                         p->head_dim, p->dtype);
+                         p->head_dim, kv);
         return;
     }
     const int32_t *bt = p->block_table + b * p->block_table_stride;
@@ -671,9 +714,9 @@ static void load_kv(const fwd_job *job, fwd_scratch *s, int64_t b, const seq_geo
         int64_t k_off = page * p->k_batch_stride + slot * p->k_row_stride + kh;
         int64_t v_off = page * p->v_batch_stride + slot * p->v_row_stride + vh;
         job->kern->widen(s->kbuf + (j - n0) * job->kv_ld, job->kv_ld, kp + (size_t)k_off * es,
-                         run, p->k_row_stride, p->head_dim, p->dtype);
+                         run, p->k_row_stride, p->head_dim, kv);
         job->kern->widen(s->vbuf + (j - n0) * job->kv_ld, job->kv_ld, vp + (size_t)v_off * es,
-                         run, p->v_row_stride, p->head_dim, p->dtype);
+                         run, p->v_row_stride, p->head_dim, kv);
         j += run;
     }
 }
@@ -731,6 +774,21 @@ static void fwd_item(void *ctx, int64_t item, int worker)
     int64_t tiles = ceil_div(rows, tr);
     int64_t chunk_hi = INT64_MIN, chunk_low = INT64_MAX;
     size_t es = dtype_size(p->dtype);
+    /*
+     * An fp8 KV cache is read as its codes' values; the item's one kv head and sequence
+     * have one factor each, so K's folds into the scores' scale and V's into the output
+     * (fmha.h).  Against dequantizing every element first, this changes each score by one
+     * fp32 rounding of the combined scale (relative 2^-24) and each output by one
+     * rounding of the product (relative 2^-24).
+     */
+    const int kv_fp8 = fmha_kv_dtype(p) == FMHA_DTYPE_E4M3;
+    float q_scale = p->scale_log2, o_scale = 1.0f;
+    if (kv_fp8) {
+        q_scale *= kv_factor(p->k_scale, p->k_scales, p->k_scales_batch_stride,
+                             p->k_scales_head_stride, b, kvh);
+        o_scale = kv_factor(p->v_scale, p->v_scales, p->v_scales_batch_stride,
+                            p->v_scales_head_stride, b, kvh);
+    }
 
     for (int64_t t = 0; t < tiles; t++) {
         int64_t lo = INT64_MAX, hi = INT64_MIN, low_lo = INT64_MAX, low_hi = INT64_MIN;
@@ -759,7 +817,7 @@ static void fwd_item(void *ctx, int64_t item, int worker)
             low_lo = min64(low_lo, low);
             low_hi = max64(low_hi, low);
         }
-        kern->load_q(s.qt + t * hd * tr, s.rows, hd, p->scale_log2);
+        kern->load_q(s.qt + t * hd * tr, s.rows, hd, q_scale);
         s.lim_lo[t] = lo;
         s.lim_hi[t] = hi;
         s.low_lo[t] = low_lo;
@@ -820,6 +878,9 @@ static void fwd_item(void *ctx, int64_t item, int worker)
             int64_t h = row_head(job, unit, row);
             float *vals = s.rows + r * hd;
             float m = s.m[t * tr + r], l = s.l[t * tr + r];
+            if (kv_fp8)
+                for (int64_t d = 0; d < hd; d++)
+                    vals[d] *= o_scale;
             /* Every split marks such a row, so the merge keeps it NaN. */
             if (s.lim[t * tr + r] >= key_end && s.low[t * tr + r] <= s.lim[t * tr + r]) {
                 for (int64_t d = 0; d < hd; d++)
@@ -840,6 +901,11 @@ static fmha_status validate(const fmha_fwd_params *p)
         return FMHA_ERR_INVALID;
     /* out: the inputs' dtype, or fp32 (fmha.h) */
     if (!dtype_valid(p->dtype) || (p->out_dtype != p->dtype && p->out_dtype != FMHA_DTYPE_F32))
+        return FMHA_ERR_INVALID;
+    if (p->kv_dtype == FMHA_DTYPE_E4M3 && (p->k_scales_batch_stride < 0 ||
+                                           p->k_scales_head_stride < 0 ||
+                                           p->v_scales_batch_stride < 0 ||
+                                           p->v_scales_head_stride < 0))
         return FMHA_ERR_INVALID;
     if (p->head_dim < 1 || p->head_dim > FMHA_CPU_MAX_HEAD_DIM)
         return FMHA_ERR_UNSUPPORTED;
@@ -875,6 +941,7 @@ static fmha_status validate(const fmha_fwd_params *p)
  * whose page is out of range is not written. */
 static void append_kv(const fmha_fwd_params *p, const seq_geom *seqs)
 {
+    const int kv_fp8 = fmha_kv_dtype(p) == FMHA_DTYPE_E4M3;
     size_t es = dtype_size(p->dtype);
     size_t row_bytes = (size_t)p->head_dim * es;
     unsigned char *k = (unsigned char *)(uintptr_t)p->k;
@@ -900,7 +967,20 @@ static void append_kv(const fmha_fwd_params *p, const seq_geom *seqs)
             }
             int64_t ks = qrow_off(p, g, b, t, p->knew_batch_stride, p->knew_row_stride);
             int64_t vs = qrow_off(p, g, b, t, p->vnew_batch_stride, p->vnew_row_stride);
-            for (int64_t h = 0; h < p->heads_kv; h++) {
+            for (int64_t h = 0; kv_fp8 && h < p->heads_kv; h++) {
+                /* Quantize on write (fmha.h): x / factor, rounded to e4m3fn. */
+                float kf = kv_factor(p->k_scale, p->k_scales, p->k_scales_batch_stride,
+                                     p->k_scales_head_stride, b, h);
+                float vf = kv_factor(p->v_scale, p->v_scales, p->v_scales_batch_stride,
+                                     p->v_scales_head_stride, b, h);
+                int64_t ko = kd + h * p->k_head_stride, vo = vd + h * p->v_head_stride;
+                int64_t kso = ks + h * p->knew_head_stride, vso = vs + h * p->vnew_head_stride;
+                for (int64_t d = 0; d < p->head_dim; d++) {
+                    k[ko + d] = f32_to_e4m3(load_elem(kn, kso + d, p->dtype) / kf);
+                    v[vo + d] = f32_to_e4m3(load_elem(vn, vso + d, p->dtype) / vf);
+                }
+            }
+            for (int64_t h = 0; !kv_fp8 && h < p->heads_kv; h++) {
                 memcpy(k + (size_t)(kd + h * p->k_head_stride) * es,
                        kn + (size_t)(ks + h * p->knew_head_stride) * es, row_bytes);
                 memcpy(v + (size_t)(vd + h * p->v_head_stride) * es,

@@ -104,7 +104,8 @@ typedef struct fmha_cpu_kernels {
      * l[r] == 0 (a row that saw no key); a NaN l keeps the row NaN.
      */
     void (*store_o)(float *rows, const float *ot, int64_t depth, const float *l);
-    /* dst[i][:cols] = fp32(src[i * src_stride][:cols]) for i < rows (any dtype). */
+    /* dst[i][:cols] = fp32(src[i * src_stride][:cols]) for i < rows (any dtype, float8
+     * e4m3fn codes included: src_stride then counts bytes). */
     void (*widen)(float *dst, int64_t dst_stride, const void *src, int64_t rows,
                   int64_t src_stride, int64_t cols, fmha_dtype dtype);
 } fmha_cpu_kernels;
@@ -124,6 +125,31 @@ static inline uint32_t fmha_f32_to_bits(float f)
     uint32_t bits;
     memcpy(&bits, &f, sizeof bits);
     return bits;
+}
+
+/*
+ * float8 e4m3fn (fmha.h) to fp32, exactly.  A normal code (exponent field e >= 1) is
+ * 2^(e-7) (1 + m/8): its 7 magnitude bits, rebiased by 127 - 7 in the exponent, are the
+ * top of an fp32.  A subnormal one (e = 0) is m * 2^-9, an fp32 normal, computed as
+ * such (no fp32 subnormal is formed, so flush-to-zero modes cannot change it).
+ */
+#define FMHA_E4M3_SIGN 0x80u
+#define FMHA_E4M3_NAN 0x7fu
+#define FMHA_E4M3_MIN_NORMAL 0x08u
+#define FMHA_E4M3_REBIAS ((uint32_t)(127 - 7) << 3)
+#define FMHA_E4M3_SHIFT 20
+#define FMHA_E4M3_SUBNORMAL_UNIT 0.001953125f /* 2^-9 */
+static inline float fmha_e4m3_to_f32(uint8_t x)
+{
+    uint32_t mag = x & ~FMHA_E4M3_SIGN & 0xffu;
+    float v;
+    if (mag == FMHA_E4M3_NAN)
+        v = NAN;
+    else if (mag < FMHA_E4M3_MIN_NORMAL)
+        v = (float)mag * FMHA_E4M3_SUBNORMAL_UNIT;
+    else
+        v = fmha_bits_to_f32((mag + FMHA_E4M3_REBIAS) << FMHA_E4M3_SHIFT);
+    return (x & FMHA_E4M3_SIGN) ? -v : v;
 }
 
 static inline float fmha_bf16_to_f32(uint16_t h)
@@ -677,6 +703,14 @@ FMHA_TARGET static void FMHA_SFX(fmha_widen)(float *dst, int64_t dst_stride, con
         const float *f = (const float *)src;
         for (int64_t i = 0; i < rows; i++)
             memcpy(dst + i * dst_stride, f + i * src_stride, (size_t)cols * sizeof(float));
+        return;
+    }
+    if (dtype == FMHA_DTYPE_E4M3) {
+        /* An fp8 KV cache: each code decoded exactly (its scale is applied by the caller). */
+        const uint8_t *b = (const uint8_t *)src;
+        for (int64_t i = 0; i < rows; i++)
+            for (int64_t d = 0; d < cols; d++)
+                dst[i * dst_stride + d] = fmha_e4m3_to_f32(b[i * src_stride + d]);
         return;
     }
     const uint16_t *h = (const uint16_t *)src;

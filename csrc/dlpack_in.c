@@ -160,6 +160,10 @@ static fmha_elem dl_elem(DLDataType dt)
         return FMHA_ELEM_BF16;
     if (dt.code == kDLInt && dt.bits == 32)
         return FMHA_ELEM_I32;
+    if (dt.code == kDLFloat8_e4m3fn && dt.bits == 8)
+        return FMHA_ELEM_E4M3;
+    if (dt.code == kDLUInt && dt.bits == 8)
+        return FMHA_ELEM_U8;
     return FMHA_ELEM_OTHER;
 }
 

@@ -26,6 +26,7 @@ static const char *dtype_name(int64_t dt)
     case FMHA_DTYPE_F16: return "float16";
     case FMHA_DTYPE_BF16: return "bfloat16";
     case FMHA_DTYPE_F32: return "float32";
+    case FMHA_DTYPE_E4M3: return "float8_e4m3fn";
     }
     return "unknown";
 }
@@ -90,8 +91,14 @@ static void gate_why(const fmha_plan *plan, const fmha_target *t, const fmha_gat
                      (long long)g->a, (long long)g->b, g->met ? ">=" : "<");
         return;
     case FMHA_GATE_DTYPE:
-        if (plan->backend == FMHA_BACKEND_CPU)
+        if (plan->backend == FMHA_BACKEND_CPU && g->b == FMHA_DTYPE_E4M3)
+            snprintf(buf, len, "%s runs on the CPU (fp32 math; the float8_e4m3fn K/V are "
+                     "dequantized to fp32)", dtype_name(g->a));
+        else if (plan->backend == FMHA_BACKEND_CPU)
             snprintf(buf, len, "%s runs on the CPU (fp32 math)", dtype_name(g->a));
+        else if (g->b == FMHA_DTYPE_E4M3)
+            snprintf(buf, len, "%s with float8_e4m3fn K/V not supported (GPU kernels: float16, "
+                     "bfloat16 K/V; the CPU backend runs an fp8 KV cache)", dtype_name(g->a));
         else
             snprintf(buf, len, "%s %s (GPU kernels: float16, bfloat16)", dtype_name(g->a),
                      g->met ? "supported" : "not supported");
@@ -145,8 +152,12 @@ static void requirement(const fmha_plan *plan, const fmha_target *t, const fmha_
                      (long long)g->b);
         return;
     case FMHA_GATE_DTYPE:
-        snprintf(buf, len, "%s is not supported by the GPU kernels (they cover float16, bfloat16)",
-                 dtype_name(g->a));
+        if (g->b == FMHA_DTYPE_E4M3 && (g->a == FMHA_DTYPE_F16 || g->a == FMHA_DTYPE_BF16))
+            snprintf(buf, len, "a float8_e4m3fn KV cache is not supported by the GPU kernels "
+                     "yet (they read float16 or bfloat16 K/V; the CPU backend runs it)");
+        else
+            snprintf(buf, len, "%s is not supported by the GPU kernels (they cover float16, "
+                     "bfloat16)", dtype_name(g->a));
         return;
     case FMHA_GATE_HEAD_DIM:
         if (plan->backend == FMHA_BACKEND_CPU) {
@@ -511,6 +522,47 @@ static int features_dict(PyObject *d, const fmha_fwd_params *p)
     return 0;
 }
 
+/* explain()'s words for an fmha_scale_kind. */
+static const char *scale_kind_name(fmha_scale_kind kind)
+{
+    switch (kind) {
+    case FMHA_SCALE_NONE: break;
+    case FMHA_SCALE_TENSOR: return "per-tensor";
+    case FMHA_SCALE_HEAD: return "per-kv-head";
+    case FMHA_SCALE_BATCH_HEAD: return "per-sequence-and-kv-head";
+    }
+    return "none";
+}
+
+/* The KV cache's element type and, for fp8, the granularity of k_scale / v_scale. */
+static int kv_dtype_dict(PyObject *d, const fmha_explain_input *in)
+{
+    const fmha_fwd_params *p = in->p;
+    const int fp8 = fmha_kv_dtype(p) == FMHA_DTYPE_E4M3;
+    if (fmha_dict_set(d, "kv_dtype", PyUnicode_FromString(dtype_name(fmha_kv_dtype(p)))) < 0 ||
+        fmha_dict_set(d, "k_scale", PyUnicode_FromString(scale_kind_name(
+                                        fp8 ? in->k_scale_kind : FMHA_SCALE_NONE))) < 0 ||
+        fmha_dict_set(d, "v_scale", PyUnicode_FromString(scale_kind_name(
+                                        fp8 ? in->v_scale_kind : FMHA_SCALE_NONE))) < 0)
+        return -1;
+    return 0;
+}
+
+/* "; K/V float8_e4m3fn (...)" for the reason of an fp8 KV cache, else "". */
+static void kv_dtype_text(const fmha_explain_input *in, char *buf, size_t len)
+{
+    buf[0] = '\0';
+    if (fmha_kv_dtype(in->p) != FMHA_DTYPE_E4M3)
+        return;
+    const fmha_scale_kind kinds[2] = {in->k_scale_kind, in->v_scale_kind};
+    const char *words[2];
+    for (int i = 0; i < 2; i++)
+        words[i] = kinds[i] == FMHA_SCALE_NONE ? "not given (1.0)" : scale_kind_name(kinds[i]);
+    snprintf(buf, len, "; K/V float8_e4m3fn, k_scale %s, v_scale %s (K's factor folded into "
+             "the softmax scale, V's into the output; appended rows quantized on write)",
+             words[0], words[1]);
+}
+
 PyObject *fmha_explain_dict(const fmha_explain_input *in)
 {
     const fmha_fwd_params *p = in->p;
@@ -546,6 +598,9 @@ PyObject *fmha_explain_dict(const fmha_explain_input *in)
         serving_text(&in->serving, serving, sizeof serving);
         size_t used = strlen(reason);
         snprintf(reason + used, sizeof reason - used, "%s", serving);
+        kv_dtype_text(in, serving, sizeof serving);
+        used = strlen(reason);
+        snprintf(reason + used, sizeof reason - used, "%s", serving);
     }
     if (fmha_dict_set(d, "backend", PyUnicode_FromString(gpu ? "gpu" : "cpu")) < 0 ||
         fmha_dict_set(d, "supported", PyBool_FromLong(in->empty || plan->supported)) < 0 ||
@@ -575,7 +630,8 @@ PyObject *fmha_explain_dict(const fmha_explain_input *in)
         fmha_dict_set(d, "kv_cache", PyBool_FromLong(in->kv_cache)) < 0 ||
         fmha_dict_set(d, "seqlen_new", PyLong_FromLongLong(p->seqlen_new)) < 0 ||
         fmha_dict_set(d, "length_independent", PyBool_FromLong(in->length_independent)) < 0 ||
-        serving_dict(d, &in->serving) < 0 || features_dict(d, p) < 0)
+        serving_dict(d, &in->serving) < 0 || features_dict(d, p) < 0 ||
+        kv_dtype_dict(d, in) < 0)
         goto fail;
     if (gpu && t->device) {
         if (fmha_dict_set(d, "device", PyUnicode_FromString(t->device->name)) < 0 ||
@@ -793,6 +849,15 @@ PyObject *fmha_explain_plan_for_device(PyObject *module, PyObject *args, PyObjec
     if (p.out_dtype != p.dtype && p.out_dtype != FMHA_DTYPE_F32)
         return PyErr_Format(PyExc_ValueError, "problem['out_dtype'] must be the dtype "
                             "(%s) or float32, got %s", dtype, out_dtype);
+    /* kv_dtype: "float8_e4m3fn" plans an fp8 KV cache; absent, k/v have dtype. */
+    char kv_dtype[32];
+    if (get_str(prob, "kv_dtype", dtype, kv_dtype, sizeof kv_dtype) < 0)
+        return NULL;
+    if (strcmp(kv_dtype, "float8_e4m3fn") == 0)
+        p.kv_dtype = FMHA_DTYPE_E4M3;
+    else if (strcmp(kv_dtype, dtype) != 0)
+        return PyErr_Format(PyExc_ValueError, "problem['kv_dtype'] must be float8_e4m3fn or "
+                            "problem['dtype'], got %s", kv_dtype);
     if (p.heads_q % p.heads_kv != 0)
         return PyErr_Format(PyExc_ValueError, "heads_q (%lld) must be a multiple of heads_kv (%lld)",
                             (long long)p.heads_q, (long long)p.heads_kv);

@@ -34,6 +34,14 @@ typedef struct fmha_explain_serving {
 } fmha_explain_serving;
 
 /* One planned call, as the binding layer saw it. */
+/* How k_scale / v_scale of an fp8 KV cache were given (issue 22). */
+typedef enum fmha_scale_kind {
+    FMHA_SCALE_NONE = 0,        /* not given: 1.0 */
+    FMHA_SCALE_TENSOR = 1,      /* a Python number or a 0-d float32 tensor */
+    FMHA_SCALE_HEAD = 2,        /* float32 [heads_kv] */
+    FMHA_SCALE_BATCH_HEAD = 3,  /* float32 [batch, heads_kv] */
+} fmha_scale_kind;
+
 typedef struct fmha_explain_input {
     const fmha_fwd_params *p;       /* problem fields (batch ... seqlen_new, softmax_scale) */
     const fmha_target *target;      /* where the plan is for (CPU threads or the GPU's facts) */
@@ -48,6 +56,7 @@ typedef struct fmha_explain_input {
     int length_independent;         /* device cache_seqlens: the plan never read them */
     int64_t planned_keys;           /* ... and was made for this many keys per sequence */
     fmha_explain_serving serving;   /* zero: dense, no pages */
+    fmha_scale_kind k_scale_kind, v_scale_kind; /* fp8 KV cache: how the scales were given */
 } fmha_explain_input;
 
 /* d[key] = value, dropping the reference to value (the caller's new reference);
@@ -72,7 +81,8 @@ PyObject *fmha_explain_raise_unsupported(const fmha_explain_input *in);
  * seqlen_new; paged (1: a paged cache of 16-key pages, seqlen_k its
  * capacity), varlen (1: packed queries, seqlen_q the longest) and seqlens_k
  * (with varlen: packed key lengths, list of ints); window_left, window_right
- * (-1 = unbounded), softcap (an int, 0 = off) and sinks (1: given).
+ * (-1 = unbounded), softcap (an int, 0 = off) and sinks (1: given); kv_dtype
+ * ("float8_e4m3fn": an fp8 KV cache; default: dtype).
  * device: name, arch, cc (major, minor), is_amd, sm_count, warp_size,
  * l2_bytes, max_smem_per_block, max_smem_per_sm, ctas_per_sm
  * ({"prefill"|"decode": [per tile-table row]}), archs_built (the archs the

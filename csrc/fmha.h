@@ -35,6 +35,12 @@ typedef enum fmha_dtype {
     FMHA_DTYPE_F32 = 2,
 } fmha_dtype;
 
+/* float8 e4m3fn (1 sign, 4 exponent bits with bias 7, 3 mantissa bits, no infinities,
+ * 0x7f/0xff NaN, largest finite 448): only fmha_fwd_params.kv_dtype holds it (an fp8 KV
+ * cache).  Not an enumerator, so that the switches over the types q and out can have
+ * stay exhaustive. */
+#define FMHA_DTYPE_E4M3 ((fmha_dtype)3)
+
 typedef enum fmha_status {
     FMHA_OK = 0,
     FMHA_ERR_UNSUPPORTED = 1, /* a valid problem that this backend has no kernel for */
@@ -165,6 +171,26 @@ typedef struct fmha_fwd_params {
     int64_t page_size;           /* keys per page: a multiple of 16 */
     int64_t num_pages;           /* pages of k/v (k.shape[0]) */
 
+    /* ---- fp8 KV cache (issue 22; unused unless kv_dtype is FMHA_DTYPE_E4M3) ----
+     * kv_dtype FMHA_DTYPE_E4M3: k and v (dense, packed or paged) hold float8 e4m3fn
+     * codes, one byte per element (their strides count bytes then); any other value
+     * (a zeroed field included): k and v hold `dtype`.  q, out, k_new and v_new keep
+     * `dtype`.  Key row j of kv head h in sequence b stands for
+     *   k_scale * (k_scales ? k_scales[b * k_scales_batch_stride + h * k_scales_head_stride] : 1)
+     *   * e4m3(k[...]),
+     * and v likewise with v_scale / v_scales (the scale arrays are fp32, in the memory of k,
+     * batch stride 0 for per-head scales; b is the sequence, not the page).  Backends may
+     * fold K's factor into the softmax scale and V's into the output (DESIGN.md states the
+     * bound).  The append quantizes: k_new row x of kv head h is stored as
+     * e4m3_rne_saturate(x / that factor) (round to nearest even, |values| above 448
+     * stored as +-448, NaN stays NaN); device factors <= 0 are not checked (the math
+     * gives what it gives, never an access outside the tensors). */
+    fmha_dtype kv_dtype;
+    float k_scale, v_scale;
+    const float *k_scales, *v_scales;
+    int64_t k_scales_batch_stride, k_scales_head_stride;
+    int64_t v_scales_batch_stride, v_scales_head_stride;
+
     /* ---- plan (filled by fmha_plan_make) ---- */
     int num_splits;         /* key splits of every query row (1 = none) */
     int partials;           /* 1: producers write fp32 partials into the split scratch and the
@@ -269,7 +295,7 @@ typedef struct fmha_device_info {
 typedef enum fmha_gate_id {
     FMHA_GATE_DEVICE = 0,   /* GPU: kernels built in and a device visible; a = SMs or CUs */
     FMHA_GATE_ARCH = 1,     /* GPU: cc >= 8.0 (a, b = major, minor) or an AMD arch built */
-    FMHA_GATE_DTYPE = 2,    /* a = fmha_dtype */
+    FMHA_GATE_DTYPE = 2,    /* a = fmha_dtype of q; b = of k/v (FMHA_DTYPE_E4M3: fp8 cache) */
     FMHA_GATE_HEAD_DIM = 3, /* a = head_dim; GPU: a row of fmha_config.h, CPU: 1..max */
     FMHA_GATE_ALIGNMENT = 4,/* GPU, always met: a = 1 when no operand needs staging */
     FMHA_GATE_FEATURES = 5, /* GPU: window, softcap and sinks are not in the kernels yet;
@@ -414,6 +440,9 @@ int64_t fmha_num_key_blocks(const fmha_fwd_params *p, int block_n);
 
 /* The right bound of the window (fmha_fwd_params): 0 when causal, else window_right. */
 int64_t fmha_window_right(const fmha_fwd_params *p);
+
+/* The element type of k and v: p->dtype, or FMHA_DTYPE_E4M3 for an fp8 KV cache. */
+fmha_dtype fmha_kv_dtype(const fmha_fwd_params *p);
 
 /* The FMHA_FEATURE_* bits the problem asks for (a window that bounds some side, a softcap,
  * sinks); causal alone is no window. */

@@ -56,6 +56,16 @@ static int is_bfloat16(PyArray_Descr *descr)
     return strcmp(dot ? dot + 1 : name, "bfloat16") == 0;
 }
 
+/* 1 when descr is ml_dtypes' float8_e4m3fn (a 1-byte user dtype of that name). */
+static int is_float8_e4m3fn(PyArray_Descr *descr)
+{
+    if (descr->type_num < NPY_USERDEF || PyDataType_ELSIZE(descr) != 1 || !descr->typeobj)
+        return 0;
+    const char *name = descr->typeobj->tp_name;
+    const char *dot = strrchr(name, '.');
+    return strcmp(dot ? dot + 1 : name, "float8_e4m3fn") == 0;
+}
+
 static fmha_elem numpy_elem(PyArray_Descr *descr)
 {
     if (!PyArray_ISNBO(descr->byteorder))
@@ -70,7 +80,11 @@ static fmha_elem numpy_elem(PyArray_Descr *descr)
         return FMHA_ELEM_OTHER;
     case 'i':
         return size == 4 ? FMHA_ELEM_I32 : FMHA_ELEM_OTHER;
+    case 'u':
+        return size == 1 ? FMHA_ELEM_U8 : FMHA_ELEM_OTHER;
     default:
+        if (is_float8_e4m3fn(descr))
+            return FMHA_ELEM_E4M3;
         return is_bfloat16(descr) ? FMHA_ELEM_BF16 : FMHA_ELEM_OTHER;
     }
 }
@@ -202,6 +216,7 @@ static fmha_elem format_elem(const char *format, size_t itemsize)
     switch (code[0]) {
     case 'e': return itemsize == 2 ? FMHA_ELEM_F16 : FMHA_ELEM_OTHER;
     case 'f': return itemsize == 4 ? FMHA_ELEM_F32 : FMHA_ELEM_OTHER;
+    case 'B': return itemsize == 1 ? FMHA_ELEM_U8 : FMHA_ELEM_OTHER;
     case 'i':
     case 'l':
     case 'q':
@@ -291,6 +306,8 @@ static PyArray_Descr *elem_descr(fmha_elem elem)
     case FMHA_ELEM_F32: return PyArray_DescrFromType(NPY_FLOAT32);
     case FMHA_ELEM_I32: return PyArray_DescrFromType(NPY_INT32);
     case FMHA_ELEM_BF16: break;
+    case FMHA_ELEM_E4M3:
+    case FMHA_ELEM_U8:
     case FMHA_ELEM_OTHER:
         PyErr_SetString(PyExc_SystemError, "fmha_native: no NumPy dtype for an unknown element");
         return NULL;

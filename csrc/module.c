@@ -191,7 +191,7 @@ PyDoc_STRVAR(forward_doc,
 "        out=None, lse=None, device=None, stream=None, cache_seqlens=None, k_new=None,\n"
 "        v_new=None, max_seqlen_k=None, block_table=None, cu_seqlens_q=None,\n"
 "        cu_seqlens_k=None, max_seqlen_q=None, window=None, softcap=0.0, sinks=None,\n"
-"        out_dtype=None)\n"
+"        out_dtype=None, kv_dtype=None, k_scale=None, v_scale=None)\n"
 "--\n\n"
 "Attention forward: q [batch, seqlen_q, heads_q, head_dim], k and v\n"
 "[batch, seqlen_k, heads_kv, head_dim].  Returns (out, lse), or out when\n"
@@ -207,7 +207,10 @@ PyDoc_STRVAR(forward_doc,
 "c * tanh(s / c); sinks float32 [heads_q]: per-head logits in the softmax\n"
 "denominator only.  The CPU backend runs these three; the GPU kernels not yet.\n"
 "out_dtype=None (q's dtype) or float32: float32 out for float16/bfloat16 inputs\n"
-"(a float32 out= means the same).");
+"(a float32 out= means the same).\n"
+"FP8 KV cache (CPU backend only so far): k and v float8_e4m3fn (or uint8 codes\n"
+"with kv_dtype=\"e4m3fn\"); k_scale / v_scale: a number or float32 [], [heads_kv]\n"
+"or [batch, heads_kv] (default 1.0); k_new/v_new are quantized on write.");
 
 PyDoc_STRVAR(explain_doc,
 "explain(q, k, v, **forward_keywords)\n--\n\n"

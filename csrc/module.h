@@ -57,6 +57,9 @@
     X(SOFTCAP, "softcap")                                                              \
     X(SINKS, "sinks")                                                                  \
     X(OUT_DTYPE, "out_dtype")                                                          \
+    X(KV_DTYPE, "kv_dtype")                                                            \
+    X(K_SCALE, "k_scale")                                                              \
+    X(V_SCALE, "v_scale")                                                              \
     X(OUTS, "outs")                                                                    \
     X(LSES, "lses")
 

@@ -37,6 +37,11 @@ int64_t fmha_window_right(const fmha_fwd_params *p)
     return p->causal ? 0 : p->window_right;
 }
 
+fmha_dtype fmha_kv_dtype(const fmha_fwd_params *p)
+{
+    return p->kv_dtype == FMHA_DTYPE_E4M3 ? FMHA_DTYPE_E4M3 : p->dtype;
+}
+
 int fmha_features(const fmha_fwd_params *p)
 {
     int f = 0;
@@ -325,7 +330,7 @@ static void plan_cpu(const fmha_fwd_params *p, const fmha_target *t, int request
                      fmha_plan *plan)
 {
     plan->backend = FMHA_BACKEND_CPU;
-    gate_add(plan, FMHA_GATE_DTYPE, 1, p->dtype, 0);
+    gate_add(plan, FMHA_GATE_DTYPE, 1, p->dtype, fmha_kv_dtype(p));
     gate_add(plan, FMHA_GATE_HEAD_DIM, p->head_dim >= 1 && p->head_dim <= FMHA_CPU_MAX_HEAD_DIM,
              p->head_dim, FMHA_CPU_MAX_HEAD_DIM);
     plan->kernel_id = FMHA_KERNEL_CPU_TILED;
@@ -492,8 +497,11 @@ static void gpu_gate(const fmha_fwd_params *p, const fmha_target *t, fmha_plan *
         gate_add(plan, FMHA_GATE_ARCH, dev->cc_major >= 8, dev->cc_major, dev->cc_minor);
     else if (dev)
         gate_add(plan, FMHA_GATE_ARCH, arch_in_list(dev->arch, fmha_plan_hip_archs(t)), 0, 0);
-    gate_add(plan, FMHA_GATE_DTYPE, p->dtype == FMHA_DTYPE_F16 || p->dtype == FMHA_DTYPE_BF16,
-             p->dtype, 0);
+    /* An fp8 KV cache (issue 22) runs on the CPU only until the kernels dequantize it. */
+    gate_add(plan, FMHA_GATE_DTYPE,
+             (p->dtype == FMHA_DTYPE_F16 || p->dtype == FMHA_DTYPE_BF16) &&
+                 fmha_kv_dtype(p) == p->dtype,
+             p->dtype, fmha_kv_dtype(p));
     gpu_tiles tiles;
     int row = 0;
     gate_add(plan, FMHA_GATE_HEAD_DIM, gpu_mma_config(p->head_dim, &tiles, &row), p->head_dim, 0);

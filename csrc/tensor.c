@@ -27,6 +27,8 @@ const char *fmha_elem_name(fmha_elem elem)
     case FMHA_ELEM_BF16: return "bfloat16";
     case FMHA_ELEM_F32: return "float32";
     case FMHA_ELEM_I32: return "int32";
+    case FMHA_ELEM_E4M3: return "float8_e4m3fn";
+    case FMHA_ELEM_U8: return "uint8";
     case FMHA_ELEM_OTHER: break;
     }
     return "unknown";
@@ -34,6 +36,8 @@ const char *fmha_elem_name(fmha_elem elem)
 
 size_t fmha_elem_size(fmha_elem elem)
 {
+    if (elem == FMHA_ELEM_E4M3 || elem == FMHA_ELEM_U8)
+        return 1;
     return elem == FMHA_ELEM_F16 || elem == FMHA_ELEM_BF16 ? 2 : 4;
 }
 

@@ -35,6 +35,11 @@ typedef enum fmha_elem {
     FMHA_ELEM_F32 = FMHA_DTYPE_F32,
     FMHA_ELEM_I32 = 3,
     FMHA_ELEM_OTHER = 4,
+    /* An fp8 KV cache (issue 22): float8 e4m3fn (torch float8_e4m3fn, DLPack
+     * kDLFloat8_e4m3fn, ml_dtypes float8_e4m3fn), or uint8 storage of the same codes,
+     * which k/v accept with kv_dtype="e4m3fn". */
+    FMHA_ELEM_E4M3 = 5,
+    FMHA_ELEM_U8 = 6,
 } fmha_elem;
 
 /* Which producer made a view: decides how its dtype is named. */
@@ -129,7 +134,7 @@ int fmha_tensor_overlap(const fmha_tensor *a, const fmha_tensor *b);
 int fmha_tensor_self_overlaps(const fmha_tensor *t);
 
 /* Name of an element type we compute with ("float16", "bfloat16", "float32",
- * "int32"). */
+ * "int32", "float8_e4m3fn", "uint8"). */
 const char *fmha_elem_name(fmha_elem elem);
 
 /* Bytes per element of an element type we compute with. */

@@ -18,6 +18,7 @@
  */
 #include "validate.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -199,22 +200,76 @@ static int out_dtype_rule(const fmha_fwd_views *t, const fmha_fwd_args *a)
     return 0;
 }
 
+/* 1 when k/v are an fp8 KV cache: float8_e4m3fn arrays, or uint8 codes with
+ * kv_dtype="e4m3fn" (issue 22). */
+static int kv_is_fp8(const fmha_fwd_views *t, const fmha_fwd_args *a)
+{
+    return t->k.elem == FMHA_ELEM_E4M3 ||
+           (a->kv_dtype == FMHA_KV_E4M3FN && t->k.elem == FMHA_ELEM_U8);
+}
+
+/* The dtypes of an fp8 KV cache: k float8_e4m3fn (or uint8 with kv_dtype="e4m3fn"), v
+ * the same as k, k_new/v_new in q's dtype (quantized on write), scale arrays float32;
+ * scales given without an fp8 cache are refused. */
+static int fp8_dtypes(const fmha_fwd_views *t, const fmha_fwd_args *a, int fp8)
+{
+    char same_as_k[64];
+    if (a->kv_dtype == FMHA_KV_E4M3FN && !fp8 &&
+        require_dtype(&t->k, 0, PyExc_TypeError, "be float8_e4m3fn, or uint8 holding its codes, "
+                      "with kv_dtype=\"e4m3fn\"") < 0)
+        return -1;
+    if (!fp8) {
+        const fmha_opt_kv_scale *sc[2] = {&a->k_scale, &a->v_scale};
+        for (int i = 0; i < 2; i++) {
+            if (!sc[i]->given)
+                continue;
+            char got[FMHA_DTYPE_NAME_LEN];
+            PyErr_Format(PyExc_ValueError, "%s applies to an fp8 KV cache only (k and v "
+                         "float8_e4m3fn, or uint8 with kv_dtype=\"e4m3fn\"), but k is %s",
+                         i ? "v_scale" : "k_scale", fmha_tensor_dtype_name(&t->k, got, sizeof got));
+            return -1;
+        }
+        return 0;
+    }
+    snprintf(same_as_k, sizeof same_as_k, "have k's dtype %s", fmha_elem_name(t->k.elem));
+    if (require_dtype(&t->v, t->v.elem == t->k.elem, PyExc_TypeError, same_as_k) < 0 ||
+        require_dtype(&t->k_scale, t->k_scale.elem == FMHA_ELEM_F32, PyExc_TypeError,
+                      "be float32 (or a Python number)") < 0 ||
+        require_dtype(&t->v_scale, t->v_scale.elem == FMHA_ELEM_F32, PyExc_TypeError,
+                      "be float32 (or a Python number)") < 0)
+        return -1;
+    return 0;
+}
+
 static int forward_dtypes(const fmha_fwd_views *t, const fmha_fwd_args *a)
 {
     char same_as_q[48];
+    const int fp8 = kv_is_fp8(t, a);
     if (require_dtype(&t->q, is_float(t->q.elem), PyExc_TypeError,
                       "be float16 or bfloat16 (float32 on the CPU)") < 0)
         return -1;
     fmha_elem q = t->q.elem;
     snprintf(same_as_q, sizeof same_as_q, "have q's dtype %s", fmha_elem_name(q));
-    if (require_dtype(&t->k, t->k.elem == q, PyExc_TypeError, same_as_q) < 0 ||
-        require_dtype(&t->v, t->v.elem == q, PyExc_TypeError, same_as_q) < 0 ||
+    if (fp8_dtypes(t, a, fp8) < 0)
+        return -1;
+    if (t->k.elem == FMHA_ELEM_U8 && a->kv_dtype == FMHA_KV_AUTO) {
+        char expect[160];
+        snprintf(expect, sizeof expect, "have q's dtype %s (uint8 holding float8 e4m3fn codes "
+                 "needs kv_dtype=\"e4m3fn\")", fmha_elem_name(q));
+        return require_dtype(&t->k, 0, PyExc_TypeError, expect);
+    }
+    if ((!fp8 && require_dtype(&t->k, t->k.elem == q, PyExc_TypeError, same_as_q) < 0) ||
+        (!fp8 && require_dtype(&t->v, t->v.elem == q, PyExc_TypeError, same_as_q) < 0) ||
         out_dtype_rule(t, a) < 0 ||
         require_dtype(&t->lse, t->lse.elem == FMHA_ELEM_F32, PyExc_ValueError, "be float32") < 0 ||
         require_dtype(&t->seqlens, t->seqlens.elem == FMHA_ELEM_I32, PyExc_TypeError,
                       "be int32") < 0 ||
-        require_dtype(&t->k_new, t->k_new.elem == q, PyExc_TypeError, same_as_q) < 0 ||
-        require_dtype(&t->v_new, t->v_new.elem == q, PyExc_TypeError, same_as_q) < 0 ||
+        require_dtype(&t->k_new, t->k_new.elem == q, PyExc_TypeError,
+                      fp8 ? "have q's dtype (an fp8 cache quantizes appended rows on write)"
+                          : same_as_q) < 0 ||
+        require_dtype(&t->v_new, t->v_new.elem == q, PyExc_TypeError,
+                      fp8 ? "have q's dtype (an fp8 cache quantizes appended rows on write)"
+                          : same_as_q) < 0 ||
         require_dtype(&t->block_table, t->block_table.elem == FMHA_ELEM_I32, PyExc_TypeError,
                       "be int32") < 0 ||
         require_dtype(&t->cu_q, t->cu_q.elem == FMHA_ELEM_I32, PyExc_TypeError, "be int32") < 0 ||
@@ -790,6 +845,59 @@ done:
     return rc;
 }
 
+/* k_scale / v_scale arrays of an fp8 KV cache: [] (per tensor), [heads_kv] or [batch,
+ * heads_kv], on k's device; host values positive and finite (device values are not read:
+ * no sync; fmha.h says what the math does with them). */
+static int check_kv_scales(const fmha_fwd_views *t, const fmha_fwd_geometry *g)
+{
+    const fmha_tensor *sc[2] = {&t->k_scale, &t->v_scale};
+    for (int i = 0; i < 2; i++) {
+        const fmha_tensor *s = sc[i];
+        if (!s->present)
+            continue;
+        int ok = s->ndim == 0 || (s->ndim == 1 && s->shape[0] == g->heads_kv) ||
+                 (s->ndim == 2 && s->shape[0] == g->batch && s->shape[1] == g->heads_kv);
+        if (!ok) {
+            char got[FMHA_MSG_SHORT];
+            format_shape(s->ndim, s->shape, got, sizeof got);
+            PyErr_Format(PyExc_ValueError, "%s must be a Python number, or float32 of shape () "
+                         "(per tensor), (heads_kv,) = (%lld,) or (batch, heads_kv) = (%lld, %lld), "
+                         "got shape %s", s->name, (long long)g->heads_kv, (long long)g->batch,
+                         (long long)g->heads_kv, got);
+            return -1;
+        }
+        if (require_same_place(s, &t->k) < 0 || require_device_layout(s, 0) < 0)
+            return -1;
+        if (s->on_gpu)
+            continue;
+        int64_t rows = s->ndim == 2 ? s->shape[0] : 1, cols = s->ndim >= 1 ? s->shape[s->ndim - 1] : 1;
+        int64_t rs = s->ndim == 2 ? s->user_strides[0] : 0;
+        int64_t cs = s->ndim >= 1 ? s->user_strides[s->ndim - 1] : 0;
+        for (int64_t r = 0; r < rows; r++) {
+            for (int64_t c = 0; c < cols; c++) {
+                float v;
+                memcpy(&v, (const char *)s->user_data + (r * rs + c * cs) * (int64_t)sizeof v,
+                       sizeof v);
+                if (v > 0.0f && isfinite(v))
+                    continue;
+                char where[48];
+                if (s->ndim == 2)
+                    snprintf(where, sizeof where, "[%lld, %lld]", (long long)r, (long long)c);
+                else if (s->ndim == 1)
+                    snprintf(where, sizeof where, "[%lld]", (long long)c);
+                else
+                    where[0] = '\0';
+                char value[32];
+                snprintf(value, sizeof value, "%.9g", (double)v);
+                PyErr_Format(PyExc_ValueError, "%s%s = %s: every fp8 dequantization factor "
+                             "must be positive and finite", s->name, where, value);
+                return -1;
+            }
+        }
+    }
+    return 0;
+}
+
 int fmha_validate_forward(const fmha_module_state *st, fmha_fwd_views *t,
                           const fmha_fwd_args *a, int append, void *stream,
                           fmha_fwd_geometry *g, fmha_cache_lengths *lengths)
@@ -801,12 +909,15 @@ int fmha_validate_forward(const fmha_module_state *st, fmha_fwd_views *t,
     g->paged = t->block_table.present;
     if (forward_dtypes(t, a) < 0 || check_combinations(t) < 0 || check_q(t, g) < 0 ||
         check_kv(t, g) < 0 || check_outputs_and_cache(t, append, g) < 0 ||
-        check_places(t, a->device) < 0 || check_features(t, a, g) < 0)
+        check_places(t, a->device) < 0 || check_features(t, a, g) < 0 ||
+        check_kv_scales(t, g) < 0)
         return -1;
+    g->kv_fp8 = kv_is_fp8(t, a);
 
     /* Written tensors: no aliasing among their own elements or with anything else. */
     fmha_tensor *inputs[] = {&t->q, &t->k, &t->v, &t->k_new, &t->v_new, &t->seqlens,
-                             &t->block_table, &t->cu_q, &t->cu_k, &t->sinks};
+                             &t->block_table, &t->cu_q, &t->cu_k, &t->sinks,
+                             &t->k_scale, &t->v_scale};
     fmha_tensor *written[] = {&t->out, &t->lse, append ? &t->k : NULL, append ? &t->v : NULL};
     if (require_apart(written, sizeof written / sizeof written[0], inputs,
                       sizeof inputs / sizeof inputs[0], &t->k, &t->v) < 0)

@@ -13,6 +13,7 @@ typedef struct fmha_fwd_views {
     fmha_tensor q, k, v, out, lse, seqlens, k_new, v_new;
     fmha_tensor block_table, cu_q, cu_k; /* cu_q / cu_k: cu_seqlens_q / cu_seqlens_k */
     fmha_tensor sinks;          /* float32 [heads_q] */
+    fmha_tensor k_scale, v_scale; /* fp8 KV cache: float32 [], [heads_kv] or [batch, heads_kv] */
 } fmha_fwd_views;
 
 /*
@@ -30,6 +31,7 @@ typedef struct fmha_fwd_geometry {
     int64_t total_q, total_k;   /* packed row counts (0 when not packed) */
     int64_t page_size, num_pages, max_blocks; /* paged */
     fmha_len_source q_source, k_source;
+    int kv_fp8;                 /* k/v hold float8 e4m3fn codes (issue 22) */
 } fmha_fwd_geometry;
 
 /* What validation learns from host metadata.  Device metadata is not read

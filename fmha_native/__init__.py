@@ -238,7 +238,7 @@ def _detached(name, x):
 
 # Tensor arguments of forward/explain and of combine, checked by _no_grad_input.
 _FORWARD_TENSOR_KEYWORDS = ("out", "lse", "cache_seqlens", "k_new", "v_new", "block_table",
-                            "cu_seqlens_q", "cu_seqlens_k", "sinks")
+                            "cu_seqlens_q", "cu_seqlens_k", "sinks", "k_scale", "v_scale")
 _COMBINE_TENSOR_KEYWORDS = ("out", "lse", "sinks")
 
 
@@ -391,6 +391,20 @@ def forward(q, k, v, **kw):
     numpy.float32): out in float32 for float16/bfloat16 inputs, so partial states that
     are merged later (combine, context parallelism) are not rounded to 16 bits first.
     An ``out`` given in float32 means the same; out and out_dtype, both given, must agree.
+
+    FP8 KV cache (the CPU backend runs it; the GPU kernels do not have it yet, as
+    above): k and v (dense, packed or paged, both alike) in float8 e4m3fn -- torch
+    ``float8_e4m3fn`` tensors, ``ml_dtypes.float8_e4m3fn`` NumPy arrays, or, for a
+    producer that cannot export fp8 (DLPack without the float8 codes), uint8 arrays of
+    the codes with ``kv_dtype="e4m3fn"``.  q, out, k_new and v_new keep float16/bfloat16
+    (float32 on the CPU).  ``k_scale`` / ``v_scale``: the dequantization factors, key
+    = k_scale * fp8 code value: a Python number (per tensor), or float32 of shape ()
+    (per tensor), [heads_kv] or [batch, heads_kv] (per sequence and kv head); each
+    defaults to 1.0.  Host scales must be positive and finite (ValueError); device
+    scales are not read on the host, and one <= 0 or NaN gives what the math gives
+    (never an access outside the tensors).  An append quantizes on write: k_new / v_new
+    row x is stored as the e4m3fn nearest to x / scale (ties to even), saturated to
+    +-448.
 
     Forward only: torch tensors that require grad are refused under grad mode.  torch
     calls made while torch traces or compiles go through the op fmha_native::forward
@@ -599,7 +613,8 @@ _FORWARD_KEYWORDS = (("causal", False), ("softmax_scale", None), ("num_splits", 
                      ("stream", None), ("cache_seqlens", None), ("k_new", None),
                      ("v_new", None), ("max_seqlen_k", None), ("block_table", None),
                      ("cu_seqlens_q", None), ("cu_seqlens_k", None), ("max_seqlen_q", None),
-                     ("window", None), ("softcap", 0.0), ("sinks", None), ("out_dtype", None))
+                     ("window", None), ("softcap", 0.0), ("sinks", None), ("out_dtype", None),
+                     ("kv_dtype", None), ("k_scale", None), ("v_scale", None))
 _COMBINE_KEYWORDS = (("out", None), ("lse", None), ("stream", None), ("sinks", None))
 forward.__signature__ = _signature(("q", "k", "v"), _FORWARD_KEYWORDS)
 explain.__signature__ = _signature(("q", "k", "v"), _FORWARD_KEYWORDS)

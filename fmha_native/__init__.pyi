@@ -54,7 +54,10 @@ def forward(q: _Array, k: _Array, v: _Array, *, causal: bool = False,
             block_table: Optional[_Array] = None, cu_seqlens_q: Optional[_Array] = None,
             cu_seqlens_k: Optional[_Array] = None, max_seqlen_q: Optional[int] = None,
             window: Optional[Tuple[int, int]] = None, softcap: float = 0.0,
-            sinks: Optional[_Array] = None, out_dtype: Any = None) -> Tuple[_Array, _Array]: ...
+            sinks: Optional[_Array] = None, out_dtype: Any = None,
+            kv_dtype: Optional[str] = None,
+            k_scale: Union[float, _Array, None] = None,
+            v_scale: Union[float, _Array, None] = None) -> Tuple[_Array, _Array]: ...
 @overload
 def forward(q: _Array, k: _Array, v: _Array, *, causal: bool = False,
             softmax_scale: Optional[float] = None, num_splits: int = 0,
@@ -65,7 +68,10 @@ def forward(q: _Array, k: _Array, v: _Array, *, causal: bool = False,
             block_table: Optional[_Array] = None, cu_seqlens_q: Optional[_Array] = None,
             cu_seqlens_k: Optional[_Array] = None, max_seqlen_q: Optional[int] = None,
             window: Optional[Tuple[int, int]] = None, softcap: float = 0.0,
-            sinks: Optional[_Array] = None, out_dtype: Any = None) -> _Array: ...
+            sinks: Optional[_Array] = None, out_dtype: Any = None,
+            kv_dtype: Optional[str] = None,
+            k_scale: Union[float, _Array, None] = None,
+            v_scale: Union[float, _Array, None] = None) -> _Array: ...
 @overload
 def forward(q: _Array, k: _Array, v: _Array, *, causal: bool = False,
             softmax_scale: Optional[float] = None, num_splits: int = 0,
@@ -76,7 +82,10 @@ def forward(q: _Array, k: _Array, v: _Array, *, causal: bool = False,
             block_table: Optional[_Array] = None, cu_seqlens_q: Optional[_Array] = None,
             cu_seqlens_k: Optional[_Array] = None, max_seqlen_q: Optional[int] = None,
             window: Optional[Tuple[int, int]] = None, softcap: float = 0.0,
-            sinks: Optional[_Array] = None, out_dtype: Any = None) -> Union[_Array, Tuple[_Array, _Array]]: ...
+            sinks: Optional[_Array] = None, out_dtype: Any = None,
+            kv_dtype: Optional[str] = None,
+            k_scale: Union[float, _Array, None] = None,
+            v_scale: Union[float, _Array, None] = None) -> Union[_Array, Tuple[_Array, _Array]]: ...
 
 def explain(q: _Array, k: _Array, v: _Array, *, causal: bool = False,
             softmax_scale: Optional[float] = None, num_splits: int = 0,
@@ -87,7 +96,10 @@ def explain(q: _Array, k: _Array, v: _Array, *, causal: bool = False,
             block_table: Optional[_Array] = None, cu_seqlens_q: Optional[_Array] = None,
             cu_seqlens_k: Optional[_Array] = None, max_seqlen_q: Optional[int] = None,
             window: Optional[Tuple[int, int]] = None, softcap: float = 0.0,
-            sinks: Optional[_Array] = None, out_dtype: Any = None) -> dict[str, Any]: ...
+            sinks: Optional[_Array] = None, out_dtype: Any = None,
+            kv_dtype: Optional[str] = None,
+            k_scale: Union[float, _Array, None] = None,
+            v_scale: Union[float, _Array, None] = None) -> dict[str, Any]: ...
 
 def combine(outs: Union[_Array, Sequence[_Array]], lses: Union[_Array, Sequence[_Array]], *,
             out: Optional[_Array] = None,

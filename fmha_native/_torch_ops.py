@@ -93,9 +93,16 @@ def _run(fn, first, args, kw):
 
 def _forward_kw(causal, softmax_scale, num_splits, return_lse, device, stream,
                 cache_seqlens, block_table, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                max_seqlen_k, window, softcap, sinks, out_dtype=None):
+                max_seqlen_k, window, softcap, sinks, out_dtype=None, kv_dtype=None,
+                k_scale=None, v_scale=None, k_scale_value=None, v_scale_value=None):
     kw = {"causal": causal, "num_splits": num_splits, "return_lse": return_lse,
           "softcap": softcap}
+    # An fp8 KV cache's scales: the schema carries a tensor and a number apart.
+    for name, value in (("kv_dtype", kv_dtype), ("k_scale", k_scale if k_scale is not None
+                                                 else k_scale_value),
+                        ("v_scale", v_scale if v_scale is not None else v_scale_value)):
+        if value is not None:
+            kw[name] = value
     values = (cache_seqlens, block_table, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
               max_seqlen_k, softmax_scale, device, stream,
               None if window is None else tuple(window), sinks, out_dtype)
@@ -153,7 +160,9 @@ _FORWARD_TAIL = ("Tensor? cache_seqlens, Tensor? block_table, Tensor? cu_seqlens
                  "Tensor? cu_seqlens_k, bool causal, float? softmax_scale, int num_splits, "
                  "bool return_lse, SymInt? max_seqlen_q, SymInt? max_seqlen_k, str? device, "
                  "int? stream, int[]? window=None, float softcap=0.0, Tensor? sinks=None, "
-                 "ScalarType? out_dtype=None")
+                 "ScalarType? out_dtype=None, "
+                 "str? kv_dtype=None, Tensor? k_scale=None, Tensor? v_scale=None, "
+                 "float? k_scale_value=None, float? v_scale_value=None")
 
 _lib = torch.library.Library("fmha_native", "DEF")
 
@@ -171,11 +180,12 @@ def _define(schema, kernel, fake):
 
 def _forward_kernel(q, k, v, cache_seqlens, block_table, cu_seqlens_q, cu_seqlens_k, causal,
                     softmax_scale, num_splits, return_lse, max_seqlen_q, max_seqlen_k, device,
-                    stream, window=None, softcap=0.0, sinks=None, out_dtype=None):
+                    stream, window=None, softcap=0.0, sinks=None, out_dtype=None,
+                    kv_dtype=None, k_scale=None, v_scale=None, k_scale_value=None, v_scale_value=None):
     out, lse = _new_outputs(q, cu_seqlens_q, return_lse, out_dtype)
     kw = _forward_kw(causal, softmax_scale, num_splits, return_lse, device, stream,
                      cache_seqlens, block_table, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                     max_seqlen_k, window, softcap, sinks, out_dtype)
+                     max_seqlen_k, window, softcap, sinks, out_dtype, kv_dtype, k_scale, v_scale, k_scale_value, v_scale_value)
     kw["out"] = out
     if return_lse:
         kw["lse"] = lse
@@ -185,17 +195,18 @@ def _forward_kernel(q, k, v, cache_seqlens, block_table, cu_seqlens_q, cu_seqlen
 
 def _forward_fake(q, k, v, cache_seqlens, block_table, cu_seqlens_q, cu_seqlens_k, causal,
                   softmax_scale, num_splits, return_lse, max_seqlen_q, max_seqlen_k, device,
-                  stream, window=None, softcap=0.0, sinks=None, out_dtype=None):
+                  stream, window=None, softcap=0.0, sinks=None, out_dtype=None,
+                  kv_dtype=None, k_scale=None, v_scale=None, k_scale_value=None, v_scale_value=None):
     return _new_outputs(q, cu_seqlens_q, return_lse, out_dtype)
 
 
 def _forward_out_kernel(q, k, v, out, lse, cache_seqlens, block_table, cu_seqlens_q,
                         cu_seqlens_k, causal, softmax_scale, num_splits, return_lse,
                         max_seqlen_q, max_seqlen_k, device, stream, window=None, softcap=0.0,
-                        sinks=None, out_dtype=None):
+                        sinks=None, out_dtype=None, kv_dtype=None, k_scale=None, v_scale=None, k_scale_value=None, v_scale_value=None):
     kw = _forward_kw(causal, softmax_scale, num_splits, return_lse, device, stream,
                      cache_seqlens, block_table, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                     max_seqlen_k, window, softcap, sinks, out_dtype)
+                     max_seqlen_k, window, softcap, sinks, out_dtype, kv_dtype, k_scale, v_scale, k_scale_value, v_scale_value)
     kw["out"] = out
     if lse is not None:
         kw["lse"] = lse
@@ -205,10 +216,10 @@ def _forward_out_kernel(q, k, v, out, lse, cache_seqlens, block_table, cu_seqlen
 def _forward_append_kernel(q, k, v, k_new, v_new, out, lse, cache_seqlens, block_table,
                            cu_seqlens_q, cu_seqlens_k, causal, softmax_scale, num_splits,
                            return_lse, max_seqlen_q, max_seqlen_k, device, stream,
-                           window=None, softcap=0.0, sinks=None, out_dtype=None):
+                           window=None, softcap=0.0, sinks=None, out_dtype=None, kv_dtype=None, k_scale=None, v_scale=None, k_scale_value=None, v_scale_value=None):
     kw = _forward_kw(causal, softmax_scale, num_splits, return_lse, device, stream,
                      cache_seqlens, block_table, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                     max_seqlen_k, window, softcap, sinks, out_dtype)
+                     max_seqlen_k, window, softcap, sinks, out_dtype, kv_dtype, k_scale, v_scale, k_scale_value, v_scale_value)
     kw["out"] = out
     kw["k_new"] = k_new
     kw["v_new"] = v_new
@@ -291,7 +302,14 @@ def call_forward(q, k, v, kw):
         max_seqlen_q=get("max_seqlen_q"), max_seqlen_k=get("max_seqlen_k"),
         device=get("device"), stream=get("stream"), window=_window(get("window")),
         softcap=_softcap(get("softcap", 0.0)), sinks=get("sinks"),
-        out_dtype=_out_dtype(get("out_dtype")))
+        out_dtype=_out_dtype(get("out_dtype")), kv_dtype=get("kv_dtype"))
+    for name in ("k_scale", "v_scale"):
+        # A tensor goes to the schema's Tensor?, a number to its float?.
+        value = get(name)
+        if isinstance(value, torch.Tensor):
+            scalars[name] = value
+        elif value is not None:
+            scalars[name + "_value"] = _scale_value(name, value)
     if k_new is None and v_new is None and out is None and lse is None:
         out, lse = _forward(q, k, v, **scalars)
         return (out, lse) if return_lse else out
@@ -327,6 +345,19 @@ def _window(window):
         if x < -1:
             raise ValueError(f"window values must be >= -1 (-1 = unbounded), got {window!r}")
     return [int(x) for x in window]
+
+
+def _scale_value(name, value):
+    """An fp8 scale given as a number, as the schema's float, with the extension's checks
+    (made before tracing bakes the value in)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a real number or a float32 array, got "
+                        f"{type(value).__name__}")
+    value = float(value)
+    if not (0.0 < value < float("inf")):
+        raise ValueError(f"{name} must be positive and finite in float32 (the fp8 "
+                         f"dequantization factor), got {value!r}")
+    return value
 
 
 def _softcap(softcap):

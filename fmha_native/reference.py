@@ -5,7 +5,8 @@ scores over a masked matrix, a plain (not online) softmax, GQA by head repetitio
 bottom-right causal alignment per sequence, sliding windows, logit softcapping and
 attention sinks (issue 21), rows that see no key giving out = 0 and lse = -inf (or the
 sink), the KV-cache append (dense or through a block table), packed (varlen)
-sequences, and the merge of partial states (combine).  A paged cache is gathered into a
+sequences, an fp8 (float8 e4m3fn) KV cache with its scales and quantize-on-write append
+(issue 22), and the merge of partial states (combine).  A paged cache is gathered into a
 dense one and packed rows are split into one array per sequence before any attention
 math, so the attention itself is written once, for one sequence.
 
@@ -19,7 +20,8 @@ import math
 
 import numpy as np
 
-__all__ = ["forward", "combine", "append_kv", "to_float64", "dtype_name"]
+__all__ = ["forward", "combine", "append_kv", "to_float64", "dtype_name", "e4m3_values",
+           "quantize_e4m3", "fp8_codes"]
 
 # Score-matrix elements computed at once per (batch, head) chunk: bounds the memory of
 # long sequences (4097 x 4097 float64 would be 134 MB per head) at about 32 MB.
@@ -57,6 +59,112 @@ def to_float64(x, name="x"):
     if arr.dtype.kind in "cUSOMmV" and not _is_ml_float(arr.dtype):
         raise TypeError(f"{name} must hold real numbers, got {dtype_name(arr.dtype)}")
     return np.array(arr, dtype=np.float64, copy=True)
+
+
+# ---------------------------------------------------------------------------- fp8 (e4m3fn)
+
+def _e4m3_table():
+    """The value of every float8 e4m3fn code, from its bit fields: sign, 4 exponent bits
+    (bias 7), 3 mantissa bits; exponent 0 is subnormal (m * 2^-9), 0x7f and 0xff are NaN,
+    and there are no infinities."""
+    codes = np.arange(256)
+    sign = np.where(codes & 0x80, -1.0, 1.0)
+    e, m = (codes >> 3) & 0xF, codes & 0x7
+    mag = np.where(e == 0, m * 2.0 ** -9, 2.0 ** (e - 7.0) * (1.0 + m / 8.0))
+    mag = np.where((codes & 0x7F) == 0x7F, np.nan, mag)
+    return sign * mag
+
+
+_E4M3 = _e4m3_table()
+_E4M3_MAX = 448.0
+
+
+def e4m3_values(codes):
+    """float64 values of float8 e4m3fn codes (a uint8 array)."""
+    return _E4M3[np.asarray(codes, dtype=np.uint8)]
+
+
+def quantize_e4m3(x, factor=1.0):
+    """uint8 e4m3fn codes of x / factor: the division in float32 (x and factor rounded to
+    float32 first), then the nearest e4m3fn value, ties to the even code, magnitudes above
+    448 (infinities too) saturated to 448, NaN to the NaN code; the sign is kept (-0 and
+    NaN included).  This is fmha_native's quantize-on-write append."""
+    y = np.asarray(x, dtype=np.float32) / np.asarray(factor, dtype=np.float32)
+    y = np.asarray(y, dtype=np.float32)
+    neg = np.signbit(y)
+    a = np.minimum(np.abs(y).astype(np.float64), _E4M3_MAX)
+    mags = _E4M3[:0x7F]  # codes 0 .. 0x7e: the non-negative finite values, increasing
+    hi = np.clip(np.searchsorted(mags, np.where(np.isnan(a), 0.0, a)), 0, 0x7E)
+    lo = np.maximum(hi - 1, 0)
+    below, above = a - mags[lo], mags[hi] - a
+    pick_lo = (below < above) | ((below == above) & (lo % 2 == 0))
+    code = np.where(pick_lo & (a < mags[hi]), lo, hi)
+    code = np.where(np.isnan(a), 0x7F, code)
+    return (code | np.where(neg, 0x80, 0)).astype(np.uint8)
+
+
+def _is_fp8(x, kv_dtype):
+    """Whether x holds e4m3fn codes: a float8_e4m3fn tensor or array, or uint8 storage
+    with kv_dtype "e4m3fn"."""
+    if kv_dtype is not None and kv_dtype not in ("e4m3fn", "float8_e4m3fn"):
+        raise ValueError(f"kv_dtype must be None or 'e4m3fn', got {kv_dtype!r}")
+    name = dtype_name(x.dtype) if hasattr(x, "dtype") else ""
+    return name == "float8_e4m3fn" or (kv_dtype is not None and name == "uint8")
+
+
+def fp8_codes(x, name="x"):
+    """The uint8 codes of an fp8 KV cache: a torch float8_e4m3fn tensor, an ml_dtypes
+    float8_e4m3fn array or uint8 storage (a copy on the host)."""
+    module = type(x).__module__ or ""
+    if module.startswith("torch"):
+        import torch
+
+        x = x.detach().cpu()
+        if x.dtype == torch.float8_e4m3fn:
+            x = x.view(torch.uint8)
+        x = x.numpy()
+    elif module.startswith("cupy"):
+        x = x.get()
+    arr = np.asarray(x)
+    if arr.dtype.name == "float8_e4m3fn":
+        arr = arr.view(np.uint8)
+    if arr.dtype != np.uint8:
+        raise TypeError(f"{name} must hold float8 e4m3fn codes, got {dtype_name(arr.dtype)}")
+    return np.array(arr, copy=True)
+
+
+def _kv_factors(scale, batch, heads_kv, name):
+    """An fp8 scale as float64 [batch, heads_kv] holding float32 values: None is 1, a
+    number per tensor, or a float32 array of shape (), [heads_kv] or [batch, heads_kv]."""
+    if scale is None:
+        values = np.float32(1.0)
+    elif isinstance(scale, (int, float)):
+        values = np.float32(scale)
+    else:
+        values = to_float64(scale, name).astype(np.float32)
+        if values.shape not in ((), (heads_kv,), (batch, heads_kv)):
+            raise ValueError(f"{name} must have shape (), ({heads_kv},) or ({batch}, "
+                             f"{heads_kv}), got {values.shape}")
+    factors = np.broadcast_to(np.asarray(values, dtype=np.float32), (batch, heads_kv))
+    if not (np.isfinite(factors) & (factors > 0)).all():
+        raise ValueError(f"{name} must be positive and finite")
+    return factors.astype(np.float64)
+
+
+def _quantized_new_rows(x, factors, q_starts, q_lens, name):
+    """k_new / v_new quantized on write with their sequence's factors, as float64 code
+    values (dense [batch, seqlen_new, heads_kv, head_dim] or packed like q)."""
+    xf = to_float64(x, name)
+    if q_starts is None:
+        _check_4d(name, xf)
+        per_row = np.broadcast_to(factors[:, None, :, None], xf.shape)
+    else:
+        _check_nd(name, xf, 3, "[total_q, heads_kv, head_dim] with cu_seqlens_q")
+        seq = np.repeat(np.arange(len(q_lens)), q_lens)
+        if seq.shape[0] != xf.shape[0]:
+            raise ValueError(f"{name} must have total_q rows, got shape {xf.shape}")
+        per_row = np.broadcast_to(factors[seq][:, :, None], xf.shape)
+    return e4m3_values(quantize_e4m3(xf, per_row))
 
 
 def _is_ml_float(dtype):
@@ -258,7 +366,7 @@ def _attend_one_head(q_bh, k_bh, v_bh, scale, causal, key_len, window=None, soft
 def forward(q, k, v, *, causal=False, softmax_scale=None, return_lse=True,
             cache_seqlens=None, k_new=None, v_new=None, block_table=None,
             cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None,
-            window=None, softcap=0.0, sinks=None):
+            window=None, softcap=0.0, sinks=None, kv_dtype=None, k_scale=None, v_scale=None):
     """Attention forward in float64: the contract of fmha_native.forward, slowly.
 
     q [batch, seqlen_q, heads_q, head_dim]; k, v [batch, seqlen_k, heads_kv, head_dim].
@@ -291,6 +399,12 @@ def forward(q, k, v, *, causal=False, softmax_scale=None, return_lse=True,
     [heads_q]: one logit per query head in the softmax denominator only, so
     out = sum_j e^s_j v_j / (e^sink + sum_j e^s_j), lse = log(e^sink + sum_j e^s_j); a
     row that sees no key gives out 0 and lse = sink.
+
+    fp8 KV cache: k and v float8_e4m3fn (torch or ml_dtypes), or uint8 codes with
+    kv_dtype="e4m3fn".  Key j of kv head h in sequence b is k_scale[b, h] times its
+    code's value (k_scale: None = 1, a number, or float32 (), [heads_kv] or
+    [batch, heads_kv]); v likewise.  k_new/v_new are quantized on write
+    (quantize_e4m3(x, factor of b, h)) before the attention reads them back.
     """
     if window is not None:
         window = tuple(int(x) for x in window)
@@ -302,7 +416,16 @@ def forward(q, k, v, *, causal=False, softmax_scale=None, return_lse=True,
     sink_values = None
     if sinks is not None:
         sink_values = to_float64(sinks, "sinks").reshape(-1)
-    qf, kf, vf = to_float64(q, "q"), to_float64(k, "k"), to_float64(v, "v")
+    fp8 = _is_fp8(k, kv_dtype)
+    if fp8:
+        if not _is_fp8(v, kv_dtype) or dtype_name(k.dtype) != dtype_name(v.dtype):
+            raise TypeError("k and v must both hold float8 e4m3fn codes of one dtype")
+        qf = to_float64(q, "q")
+        kf, vf = e4m3_values(fp8_codes(k, "k")), e4m3_values(fp8_codes(v, "v"))
+    else:
+        if k_scale is not None or v_scale is not None:
+            raise ValueError("k_scale / v_scale apply to an fp8 KV cache only")
+        qf, kf, vf = to_float64(q, "q"), to_float64(k, "k"), to_float64(v, "v")
     if (k_new is None) != (v_new is None):
         raise ValueError("k_new and v_new must be given together")
     if k_new is not None and cache_seqlens is None:
@@ -350,6 +473,13 @@ def forward(q, k, v, *, causal=False, softmax_scale=None, return_lse=True,
                                  f"head_dim]")
             capacity = kf.shape[1]
         new_counts = 0
+        if k_new is not None and fp8:
+            # Quantized on write: what the cache holds afterwards is read back.
+            heads_kv_new = kf.shape[-2]
+            k_new = _quantized_new_rows(k_new, _kv_factors(k_scale, batch, heads_kv_new,
+                                                           "k_scale"), q_starts, q_lens, "k_new")
+            v_new = _quantized_new_rows(v_new, _kv_factors(v_scale, batch, heads_kv_new,
+                                                           "v_scale"), q_starts, q_lens, "v_new")
         if k_new is not None:
             kf, vf = append_kv(kf, vf, cache_seqlens, k_new, v_new, block_table=block_table,
                                cu_seqlens_q=cu_seqlens_q)
@@ -365,6 +495,13 @@ def forward(q, k, v, *, causal=False, softmax_scale=None, return_lse=True,
         else:
             k_seqs, v_seqs = list(kf), list(vf)
     heads_kv = kf.shape[-2]
+    if fp8:
+        # Dequantize per sequence and kv head (after the pages are gathered: the factor
+        # belongs to the sequence, not to the page).
+        k_fac = _kv_factors(k_scale, batch, heads_kv, "k_scale")
+        v_fac = _kv_factors(v_scale, batch, heads_kv, "v_scale")
+        k_seqs = [k_seqs[b] * k_fac[b][None, :, None] for b in range(batch)]
+        v_seqs = [v_seqs[b] * v_fac[b][None, :, None] for b in range(batch)]
     if kf.shape[-1] != head_dim:
         raise ValueError(f"k has head_dim {kf.shape[-1]}, q has {head_dim}")
     if heads_kv == 0 or heads_q % heads_kv != 0:

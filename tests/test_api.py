@@ -248,7 +248,8 @@ FORWARD_KEYWORDS = [("causal", False), ("softmax_scale", None), ("num_splits", 0
                     ("stream", None), ("cache_seqlens", None), ("k_new", None), ("v_new", None),
                     ("max_seqlen_k", None), ("block_table", None), ("cu_seqlens_q", None),
                     ("cu_seqlens_k", None), ("max_seqlen_q", None), ("window", None),
-                    ("softcap", 0.0), ("sinks", None), ("out_dtype", None)]
+                    ("softcap", 0.0), ("sinks", None), ("out_dtype", None), ("kv_dtype", None),
+                    ("k_scale", None), ("v_scale", None)]
 COMBINE_KEYWORDS = [("out", None), ("lse", None), ("stream", None), ("sinks", None)]
 
 
