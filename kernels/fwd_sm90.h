@@ -10,6 +10,7 @@
  *                        "empty" one (every consumer is done with it)
  *   consumer warpgroups  64 rows each:
  *                        S = Q K(j)^T                  (wgmma, fp32)
+ *                        softcap, masks                (compile-time; masks on boundary blocks)
  *                        online softmax in exp2 units  (scale folded into one FFMA)
  *                        O = O * rescale + P V(j)      (P in registers)
  *                        and at the end O / l through shared memory and a TMA
