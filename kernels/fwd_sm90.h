@@ -158,6 +158,9 @@ struct tensor_maps {
  * and the score and row-sum extras, compile-time bits of FEATURES:
  *   FEATURE_SOFTCAP  s = c tanh(s / c) before the softmax
  *   FEATURE_SINKS    the head's sink logit joins the row sum in the epilogue
+ * Compile-time rather than uniform run-time branches: a branch would keep the
+ * cap's code, constants and registers in every plain instance, next to the
+ * softmax that the d64 tiles already fill to their register ceiling.
  */
 enum mask_kind { MASK_NONE = 0, MASK_CAUSAL = 1, MASK_WINDOW = 2 };
 enum feature_bits { FEATURE_SOFTCAP = 1, FEATURE_SINKS = 2 };
