@@ -442,3 +442,13 @@ def test_window_tiles_skip_blocks_and_stay_deterministic(torch):
     out1, lse1 = check_features(q, k, v, "bf16", **kw)
     out2, lse2 = fmha_native.forward(q, k, v, **kw)
     assert bits(out1) == bits(out2) and bits(lse1) == bits(lse2)
+
+
+def test_narrow_window_takes_the_interleaved_schedule(torch):
+    """A row of a (100, 0) window sees 101 keys however long the sequence: too few key
+    blocks for ping-pong (plan.c sm90_schedule), which the plain causal call takes."""
+    q, k, v = qkv(torch, 2, 4096, 4096, 16, 4, 128, "bf16", seed=3)
+    assert fmha_native.explain(q, k, v, causal=True)["kernel"].endswith(",pingpong>")
+    plan = fmha_native.explain(q, k, v, causal=True, window=(100, -1))
+    assert plan["kernel"].startswith(SM90) and plan["kernel"].endswith(",interleaved>"), \
+        plan["kernel"]
