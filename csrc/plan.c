@@ -581,6 +581,11 @@ static int sm90_schedule(const fmha_fwd_params *p, int block_n)
     double keys = sk;
     if (p->causal)
         keys = sk >= sq ? sk - (sq - 1.0) / 2.0 : sk * (sk + 1.0) / (2.0 * sq);
+    /* the kernel runs windows too (fwd_sm90.h): one bounded on both sides shows a row
+     * at most left + right + 1 keys */
+    const int64_t right = fmha_window_right(p);
+    if (p->window_left >= 0 && right >= 0 && (double)p->window_left + (double)right + 1.0 < keys)
+        keys = (double)p->window_left + (double)right + 1.0;
     return keys >= (double)FMHA_SM90_PINGPONG_MIN_BLOCKS * block_n ? FMHA_SM90_PINGPONG
                                                                    : FMHA_SM90_INTERLEAVED;
 }

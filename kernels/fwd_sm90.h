@@ -10,6 +10,7 @@
  *                        "empty" one (every consumer is done with it)
  *   consumer warpgroups  64 rows each:
  *                        S = Q K(j)^T                  (wgmma, fp32)
+ *                        softcap, masks                (compile-time; masks on boundary blocks)
  *                        online softmax in exp2 units  (scale folded into one FFMA)
  *                        O = O * rescale + P V(j)      (P in registers)
  *                        and at the end O / l through shared memory and a TMA
@@ -19,8 +20,12 @@
  * next to O += P(j) V(j), so the tensor cores stay busy during the softmax.
  * K(j) is released as soon as S(j) has been computed, V(j) after P(j) V(j).
  *
- * Keys: bottom-right causal (query i sees key j iff j <= i + seqlen_k -
- * seqlen_q); rows that see no key give out 0 and lse -inf.  Rows of K/V past
+ * Keys (fmha.h): all, bottom-right causal (query i sees key j iff j <= i +
+ * seqlen_k - seqlen_q) or a window around the row's position; a tile walks
+ * only the key blocks some row of it sees, and masks only the blocks where a
+ * row's window starts or ends.  The softcap caps S before the masks and the
+ * softmax; a sink joins the row sum in the epilogue.  Rows that see no key
+ * give out 0 and lse -inf (with a sink: lse = sink).  Rows of K/V past
  * seqlen_k are outside the tensor maps, so TMA fills them with zeros, and
  * their P is exactly 0: no 0 * NaN can occur.  Packed (varlen) sequences,
  * cu_seqlens_q and/or cu_seqlens_k, run per sequence (struct sequence).
@@ -82,6 +87,7 @@ template <int HEAD_DIM> struct tile_shape {
  */
 enum schedule { INTERLEAVED = 0, PINGPONG = 1 };
 constexpr float LN2 = 0.693147180559945309f;
+constexpr float LOG2E = 1.44269504088896341f;
 
 /* Shared memory of one CTA (offsets from a 1024-aligned base). */
 template <int HEAD_DIM> struct smem_plan {
@@ -142,16 +148,64 @@ struct tensor_maps {
     CUtensorMap q, k, v, o;
 };
 
-/* Key blocks the tile of rows [m0, m0 + BLOCK_M) needs (0 when no row sees a key). */
-template <int BLOCK_M, bool CAUSAL> __host__ __device__ inline int key_blocks(int64_t m0, int64_t seqlen_q, int64_t seqlen_k)
+/*
+ * Which keys a row sees (fmha.h's rule), fixed at compile time so that plain
+ * and causal launches carry no window arithmetic:
+ *   MASK_NONE    every key of the sequence
+ *   MASK_CAUSAL  keys up to the row's position (bottom-right)
+ *   MASK_WINDOW  keys [pos - left, pos + right], either side unbounded when
+ *                negative; causal with a window is a window with right = 0
+ * and the score and row-sum extras, compile-time bits of FEATURES:
+ *   FEATURE_SOFTCAP  s = c tanh(s / c) before the softmax
+ *   FEATURE_SINKS    the head's sink logit joins the row sum in the epilogue
+ * Compile-time rather than uniform run-time branches: a branch would keep the
+ * cap's code, constants and registers in every plain instance, next to the
+ * softmax that the d64 tiles already fill to their register ceiling.
+ */
+enum mask_kind { MASK_NONE = 0, MASK_CAUSAL = 1, MASK_WINDOW = 2 };
+enum feature_bits { FEATURE_SOFTCAP = 1, FEATURE_SINKS = 2 };
+
+/* Keys a row sees before / after its position; negative = unbounded. */
+struct window {
+    int64_t left, right;
+};
+template <int MASK> __host__ __device__ inline window window_of(const fmha_fwd_params &p)
 {
-    int64_t end = seqlen_k;
-    if (CAUSAL) {
+    if (MASK == MASK_NONE)
+        return {-1, -1};
+    if (MASK == MASK_CAUSAL)
+        return {-1, 0};
+    /* past any sequence's length a bound changes nothing; capped, it cannot overflow the sums below */
+    constexpr int64_t FAR = (int64_t)1 << 40;
+    const int64_t right = p.causal ? 0 : p.window_right;
+    return {p.window_left > FAR ? FAR : p.window_left, right > FAR ? FAR : right};
+}
+
+/*
+ * Key blocks [begin, end) some row of the tile [m0, m0 + BLOCK_M) sees (empty
+ * when none does).  Positions are consecutive, so the first row's window start
+ * and the last row's window end bound the tile's keys.
+ */
+struct block_span {
+    int begin, end;
+};
+template <int BLOCK_M>
+__host__ __device__ inline block_span key_blocks(int64_t m0, int64_t seqlen_q, int64_t seqlen_k, window w)
+{
+    /* row i sits at key position i + seqlen_k - seqlen_q */
+    int64_t begin = 0, end = seqlen_k;
+    if (w.right >= 0) {
         const int64_t last_row = (m0 + BLOCK_M < seqlen_q ? m0 + BLOCK_M : seqlen_q) - 1;
-        const int64_t last_key = last_row + seqlen_k - seqlen_q;
+        const int64_t last_key = last_row + seqlen_k - seqlen_q + w.right;
         end = last_key + 1 < end ? last_key + 1 : end;
     }
-    return end <= 0 ? 0 : (int)((end + BLOCK_N - 1) / BLOCK_N);
+    if (w.left >= 0) {
+        const int64_t first_key = m0 + seqlen_k - seqlen_q - w.left;
+        begin = first_key > 0 ? first_key : 0;
+    }
+    if (end <= begin)
+        return {0, 0};
+    return {(int)(begin / BLOCK_N), (int)((end + BLOCK_N - 1) / BLOCK_N)};
 }
 
 /*
@@ -262,6 +316,36 @@ __device__ __forceinline__ void mask_scores(float (&s)[BLOCK_N / 2], const int (
                 s[t * 4 + e] = -INFINITY;
 }
 
+/* Keys outside [first[half], last[half]] (block-relative) become -inf: a window's two edges. */
+__device__ __forceinline__ void mask_scores(float (&s)[BLOCK_N / 2], const int (&first)[ROW_HALVES],
+                                            const int (&last)[ROW_HALVES], int lane)
+{
+    const int col0 = 2 * (lane % LANES_PER_ROW);
+#pragma unroll
+    for (int t = 0; t < BLOCK_N / 8; t++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int col = t * 8 + col0 + e % 2;
+            if (col < first[e / 2] || col > last[e / 2])
+                s[t * 4 + e] = -INFINITY;
+        }
+}
+
+/*
+ * The logit softcap, in place: S -> tanh(S * scale / c), the capped score
+ * c tanh(scale q.k / c) in units of c (the softmax then takes it times
+ * c log2(e)).  tanh_fast's relative error (about 2^-11) moves a capped score
+ * s by at most |s| 2^-11, so its weight e^s by a factor within e^(|s| 2^-11):
+ * under one bfloat16 ulp (2^-8) of the weight while |s| <= 8, 2.5% at the cap
+ * of c = 50.  Masks come after it, so masked keys stay -inf.
+ */
+__device__ __forceinline__ void softcap_scores(float (&s)[BLOCK_N / 2], float scale_over_cap)
+{
+#pragma unroll
+    for (int i = 0; i < BLOCK_N / 2; i++)
+        s[i] = tanh_fast(s[i] * scale_over_cap);
+}
+
 /*
  * One block of the online softmax, in place: S -> P = exp2(S * scale_log2 -
  * m_new), the running max and sum updated, and rescale[half] = exp2(m - m_new)
@@ -315,7 +399,7 @@ __device__ __forceinline__ void p_operands(uint32_t (&p)[BLOCK_N / WGMMA_K][4], 
 }
 #endif /* FMHA_HAS_WGMMA */
 
-template <typename T, int HEAD_DIM, bool CAUSAL, int SCHEDULE>
+template <typename T, int HEAD_DIM, int MASK, int FEATURES, int SCHEDULE>
 __global__ void __launch_bounds__(tile_shape<HEAD_DIM>::threads, 1)
 fwd_sm90_kernel(const __grid_constant__ tensor_maps maps, const fmha_fwd_params p)
 {
@@ -330,8 +414,11 @@ fwd_sm90_kernel(const __grid_constant__ tensor_maps maps, const fmha_fwd_params 
     unsigned char *smem = smem_raw + (base - raw);
     const barriers<STAGES> bars{base + plan::bar_off};
 
-    /* The tile: causal tiles run heaviest (last rows) first. */
-    const int m_block = CAUSAL ? (int)gridDim.x - 1 - (int)blockIdx.x : (int)blockIdx.x;
+    /* The tile, heaviest first: where the window's right side is bounded (causal) the
+     * last rows see the most keys; with only its left side bounded, the first rows. */
+    const window win = window_of<MASK>(p);
+    const bool last_first = MASK == MASK_CAUSAL || (MASK == MASK_WINDOW && win.right >= 0);
+    const int m_block = last_first ? (int)gridDim.x - 1 - (int)blockIdx.x : (int)blockIdx.x;
     const int m0 = m_block * BLOCK_M, head = (int)blockIdx.y, b = (int)blockIdx.z;
 
     if (threadIdx.x == 0) {
@@ -352,7 +439,10 @@ fwd_sm90_kernel(const __grid_constant__ tensor_maps maps, const fmha_fwd_params 
     if (m0 >= seq.len_q)
         return;
     const int seqlen_q = seq.len_q, seqlen_k = seq.len_k;
-    const int n_blocks = seq.bad ? 0 : key_blocks<BLOCK_M, CAUSAL>(m0, seqlen_q, seqlen_k);
+    const block_span span = seq.bad ? block_span{0, 0} : key_blocks<BLOCK_M>(m0, seqlen_q, seqlen_k, win);
+    /* only a window's left side skips leading blocks */
+    const int first_block = MASK == MASK_WINDOW ? span.begin : 0, end_block = span.end;
+    const int n_blocks = end_block - first_block;
 
     const int warpgroup = (int)threadIdx.x / WARPGROUP_THREADS;
     if (warpgroup == 0) {
@@ -370,7 +460,7 @@ fwd_sm90_kernel(const __grid_constant__ tensor_maps maps, const fmha_fwd_params 
                                 (int)(seq.q_row0 + m0), head, seq.q_batch);
             }
             ring_pos<STAGES> pos;
-            for (int j = 0; j < n_blocks; j++, pos.advance()) {
+            for (int j = first_block; j < end_block; j++, pos.advance()) {
                 const int key0 = (int)(seq.k_row0 + (int64_t)j * BLOCK_N);
                 /* Wait until every consumer released this stage's previous round
                  * (in the first round the parity before the first phase passes at once). */
@@ -396,27 +486,68 @@ fwd_sm90_kernel(const __grid_constant__ tensor_maps maps, const fmha_fwd_params 
         const int row_in_tile = consumer * WGMMA_M + warp * 16 + lane / LANES_PER_ROW; /* + 8 * half */
         const tile_products<T, HEAD_DIM> mma(base, consumer);
 
-        /* Masks: block j needs one when it runs past seqlen_k or, causal, past
-         * the diagonal of this warpgroup's first row; the rest go unmasked. */
-        const int64_t diag = (int64_t)seqlen_k - seqlen_q; /* row i sees keys <= i + diag */
-        const int64_t first_limit = (int64_t)m0 + consumer * WGMMA_M + diag;
+        /*
+         * Masks: block j needs one when it runs past seqlen_k, past the window's end
+         * of this warpgroup's first row (the causal diagonal) or before the window's
+         * start of its last row; the blocks between go unmasked.
+         */
+        const int64_t diag = (int64_t)seqlen_k - seqlen_q; /* row i sits at key position i + diag */
+        const int64_t first_pos = (int64_t)m0 + consumer * WGMMA_M + diag;
         const int64_t mask_free_end =
-            CAUSAL ? (first_limit + 1 < seqlen_k ? first_limit + 1 : seqlen_k) : seqlen_k;
-        auto masked = [&](float(&s)[BLOCK_N / 2], int j) {
-            const int64_t key0 = (int64_t)j * BLOCK_N;
-            if (key0 + BLOCK_N <= mask_free_end)
-                return;
-            int last[ROW_HALVES];
+            win.right >= 0 && first_pos + win.right + 1 < seqlen_k ? first_pos + win.right + 1 : seqlen_k;
+        /* A window's keys [key_lo, key_hi] of each row and its mask-free start, clamped
+         * into [-1, seqlen_k] so that ints hold them: worked out once, few registers. */
+        int key_lo[ROW_HALVES] = {0, 0}, key_hi[ROW_HALVES] = {0, 0}, free_begin = 0, free_end = 0;
+        if constexpr (MASK == MASK_WINDOW) {
+            auto in_keys = [&](int64_t key) { return (int)(key < -1 ? -1 : key > seqlen_k ? seqlen_k : key); };
 #pragma unroll
             for (int half = 0; half < ROW_HALVES; half++) {
-                int64_t l = seqlen_k - 1 - key0;
-                if (CAUSAL) {
-                    const int64_t c = m0 + row_in_tile + 8 * half + diag - key0;
-                    l = c < l ? c : l;
-                }
-                last[half] = l < -1 ? -1 : l > BLOCK_N ? BLOCK_N : (int)l;
+                const int64_t pos = m0 + row_in_tile + 8 * half + diag;
+                key_lo[half] = win.left >= 0 ? in_keys(pos - win.left) : 0;
+                key_hi[half] = in_keys(win.right >= 0 && pos + win.right < seqlen_k - 1 ? pos + win.right : seqlen_k - 1);
             }
-            mask_scores(s, last, lane);
+            free_begin = win.left >= 0 ? in_keys(first_pos + WGMMA_M - 1 - win.left) : 0;
+            free_end = in_keys(mask_free_end);
+        }
+        auto masked = [&](float(&s)[BLOCK_N / 2], int j) {
+            if constexpr (MASK == MASK_WINDOW) {
+                const int key0 = j * BLOCK_N;
+                if (key0 >= free_begin && key0 + BLOCK_N <= free_end)
+                    return;
+                int first[ROW_HALVES], last[ROW_HALVES];
+#pragma unroll
+                for (int half = 0; half < ROW_HALVES; half++) {
+                    const int f = key_lo[half] - key0, l = key_hi[half] - key0;
+                    first[half] = f < 0 ? 0 : f > BLOCK_N ? BLOCK_N : f;
+                    last[half] = l < -1 ? -1 : l > BLOCK_N ? BLOCK_N : l;
+                }
+                mask_scores(s, first, last, lane);
+            } else {
+                const int64_t key0 = (int64_t)j * BLOCK_N;
+                if (key0 + BLOCK_N <= mask_free_end)
+                    return;
+                int last[ROW_HALVES];
+#pragma unroll
+                for (int half = 0; half < ROW_HALVES; half++) {
+                    int64_t l = seqlen_k - 1 - key0;
+                    if (MASK == MASK_CAUSAL) {
+                        const int64_t c = m0 + row_in_tile + 8 * half + diag - key0;
+                        l = c < l ? c : l;
+                    }
+                    last[half] = l < -1 ? -1 : l > BLOCK_N ? BLOCK_N : (int)l;
+                }
+                mask_scores(s, last, lane);
+            }
+        };
+        /* The scores as exp2 arguments come from S * score_log2 (online_softmax); with the
+         * softcap S is first tanh(S * scale / c), the capped score over c. */
+        constexpr bool SOFTCAP = (FEATURES & FEATURE_SOFTCAP) != 0;
+        const float scale_over_cap = SOFTCAP ? p.softmax_scale / p.softcap : 0.f;
+        auto score_log2 = [&] { return SOFTCAP ? p.softcap * LOG2E : p.scale_log2; };
+        auto logits = [&](float(&s)[BLOCK_N / 2], int j) {
+            if constexpr (SOFTCAP)
+                softcap_scores(s, scale_over_cap);
+            masked(s, j);
         };
 
         float o[HEAD_DIM / 2];
@@ -464,11 +595,11 @@ fwd_sm90_kernel(const __grid_constant__ tensor_maps maps, const fmha_fwd_params 
             mma.template wait<0>(s);
             mbar_arrive(bars.k_empty(k_pos.stage));
             k_pos.advance();
-            masked(s, 0);
-            online_softmax(s, st, rescale, p.scale_log2);
+            logits(s, first_block);
+            online_softmax(s, st, rescale, score_log2());
             p_operands<T>(pv, s);
 
-            for (int j = 0; j + 1 < n_blocks; j++) {
+            for (int j = first_block; j + 1 < end_block; j++) {
                 /* S(j+1) = Q K(j+1)^T, issued ahead of O += P(j) V(j). */
                 mbar_wait(bars.k_full(k_pos.stage), k_pos.phase);
                 take_turn();
@@ -481,8 +612,8 @@ fwd_sm90_kernel(const __grid_constant__ tensor_maps maps, const fmha_fwd_params 
                 mma.template wait<1>(s);
                 mbar_arrive(bars.k_empty(k_pos.stage));
                 k_pos.advance();
-                masked(s, j + 1);
-                online_softmax(s, st, rescale, p.scale_log2);
+                logits(s, j + 1);
+                online_softmax(s, st, rescale, score_log2());
 
                 /* P(j) V(j) done: V(j) free; O takes the new max, P(j+1) replaces P(j). */
                 mma.template wait<0>(o);
@@ -513,13 +644,30 @@ fwd_sm90_kernel(const __grid_constant__ tensor_maps maps, const fmha_fwd_params 
          * packed sequence's last rows are followed by the next sequence's, so a
          * warpgroup whose 64 rows run past len_q stores from registers instead,
          * row by row.  A bad sequence's rows are NaN (0 * NaN for out).
+         *
+         * A sink joins the row sum here (one split: nothing else holds it): in the
+         * units of the larger of m and the sink, l' = l 2^(m - mx) + 2^(sink - mx),
+         * out = O 2^(m - mx) / l', lse = mx + log2 l'; a row with no key (m = -inf)
+         * gets out 0 and lse = sink, and a NaN sink gives NaN rows.
          */
         float inv[ROW_HALVES], lse[ROW_HALVES];
+        const float sink = (FEATURES & FEATURE_SINKS) ? p.sinks[head] : -INFINITY, sink_log2 = sink * LOG2E;
 #pragma unroll
         for (int half = 0; half < ROW_HALVES; half++) {
-            const float l = quad_sum(st.sum[half]);
-            inv[half] = seq.bad ? NAN : l == 0.f ? 0.f : 1.f / l;
-            lse[half] = seq.bad ? NAN : l == 0.f ? -INFINITY : (st.max[half] + log2f(l)) * LN2;
+            float l = quad_sum(st.sum[half]), m = st.max[half], o_scale = 1.f;
+            const bool no_key = m == -INFINITY;
+            if constexpr ((FEATURES & FEATURE_SINKS) != 0) {
+                const float mx = fmaxf(m, sink_log2);
+                if (mx != -INFINITY || sink != sink) {
+                    o_scale = exp2_fast(m - mx);
+                    l = l * o_scale + exp2_fast(sink_log2 - mx);
+                    m = mx;
+                }
+            }
+            inv[half] = seq.bad ? NAN : l == 0.f ? 0.f : o_scale / l;
+            lse[half] = seq.bad ? NAN : l == 0.f ? -INFINITY : (m + log2f(l)) * LN2;
+            if ((FEATURES & FEATURE_SINKS) && no_key && !seq.bad)
+                lse[half] = sink; /* exactly, not through log2 units */
         }
         const int row0 = m0 + consumer * WGMMA_M;
         const bool tma_out = row0 < seqlen_q && (!p.cu_seqlens_q || row0 + WGMMA_M <= seqlen_q);
@@ -577,10 +725,10 @@ fwd_sm90_kernel(const __grid_constant__ tensor_maps maps, const fmha_fwd_params 
 /* Dynamic shared memory of the kernel for HEAD_DIM. */
 template <int HEAD_DIM> constexpr int smem_bytes() { return smem_plan<HEAD_DIM>::bytes; }
 
-template <typename T, int HEAD_DIM, bool CAUSAL, int SCHEDULE>
+template <typename T, int HEAD_DIM, int MASK, int FEATURES, int SCHEDULE>
 inline cudaError_t launch_instance(const tensor_maps &maps, const fmha_fwd_params &p, dim3 grid)
 {
-    auto kernel = fwd_sm90_kernel<T, HEAD_DIM, CAUSAL, SCHEDULE>;
+    auto kernel = fwd_sm90_kernel<T, HEAD_DIM, MASK, FEATURES, SCHEDULE>;
     /* The shared-memory limit is an attribute per device: set it once on each (a bit per
      * ordinal; past 64 devices on every call). */
     static std::atomic<uint64_t> smem_allowed{0};
@@ -596,6 +744,41 @@ inline cudaError_t launch_instance(const tensor_maps &maps, const fmha_fwd_param
     return cudaGetLastError();
 }
 
+/* The instance for the run-time choices, one compile-time parameter at a time. */
+template <typename T, int HEAD_DIM, int MASK, int FEATURES>
+inline cudaError_t launch_schedule(const tensor_maps &maps, const fmha_fwd_params &p, dim3 grid, int sched)
+{
+    return sched == PINGPONG ? launch_instance<T, HEAD_DIM, MASK, FEATURES, PINGPONG>(maps, p, grid)
+                             : launch_instance<T, HEAD_DIM, MASK, FEATURES, INTERLEAVED>(maps, p, grid);
+}
+template <typename T, int HEAD_DIM, int MASK>
+inline cudaError_t launch_features(const tensor_maps &maps, const fmha_fwd_params &p, dim3 grid, int sched)
+{
+    const bool cap = p.softcap > 0.f, sinks = p.sinks != nullptr;
+    if (cap && sinks)
+        return launch_schedule<T, HEAD_DIM, MASK, FEATURE_SOFTCAP | FEATURE_SINKS>(maps, p, grid, sched);
+    if (cap)
+        return launch_schedule<T, HEAD_DIM, MASK, FEATURE_SOFTCAP>(maps, p, grid, sched);
+    if (sinks)
+        return launch_schedule<T, HEAD_DIM, MASK, FEATURE_SINKS>(maps, p, grid, sched);
+    return launch_schedule<T, HEAD_DIM, MASK, 0>(maps, p, grid, sched);
+}
+template <typename T, int HEAD_DIM>
+inline cudaError_t launch_mask(const tensor_maps &maps, const fmha_fwd_params &p, dim3 grid, int sched)
+{
+    /* fmha_features' rule: a window bounds a side; causal alone is no window */
+    if (p.window_left >= 0 || (!p.causal && p.window_right >= 0))
+        return launch_features<T, HEAD_DIM, MASK_WINDOW>(maps, p, grid, sched);
+    if (p.causal)
+        return launch_features<T, HEAD_DIM, MASK_CAUSAL>(maps, p, grid, sched);
+    return launch_features<T, HEAD_DIM, MASK_NONE>(maps, p, grid, sched);
+}
+template <typename T>
+inline cudaError_t launch_head_dim(const tensor_maps &maps, const fmha_fwd_params &p, dim3 grid, int sched)
+{
+    return p.head_dim == 128 ? launch_mask<T, 128>(maps, p, grid, sched) : launch_mask<T, 64>(maps, p, grid, sched);
+}
+
 }  // namespace sm90
 
 /*
@@ -603,11 +786,13 @@ inline cudaError_t launch_instance(const tensor_maps &maps, const fmha_fwd_param
  * FMHA_ERR_UNSUPPORTED (nothing launched) when the problem is not this
  * kernel's: not a cc 9.x device, dtype or head_dim it has no instance for,
  * KV-cache lengths, block tables or appended keys, a split plan, a non-positive scale,
+ * a softcap or window the host glue would have refused,
  * sizes past the grid's limits, or addresses and strides that are not
  * 16-byte multiples (TMA's rule); FMHA_ERR_RUNTIME with *error set when
  * CUDA fails.  `sched` picks how the consumers share the tensor cores
  * (sm90::schedule).  Its tensor maps come from the calling thread's cache
- * (fmha_rows_map), encoded only on a miss.
+ * (fmha_rows_map), encoded only on a miss.  Window, softcap and sinks pick the
+ * instance (mask_kind, feature_bits); plain calls run the instances without them.
  */
 inline fmha_status fmha_sm90_prefill_launch(const fmha_fwd_params &p, cudaError_t *error = nullptr,
                                             int sched = sm90::INTERLEAVED)
@@ -622,6 +807,10 @@ inline fmha_status fmha_sm90_prefill_launch(const fmha_fwd_params &p, cudaError_
     if (p.seqlens_k || p.k_new || p.v_new || p.seqlen_new != 0 || p.num_splits > 1 || p.block_table)
         return FMHA_ERR_UNSUPPORTED;
     if (!(p.scale_log2 > 0.f) || !isfinite(p.scale_log2))
+        return FMHA_ERR_UNSUPPORTED;
+    /* the host glue refuses these; the kernel would divide by them or misread the window */
+    if (!(p.softcap >= 0.f) || !isfinite(p.softcap) || !(p.softmax_scale > 0.f) || !isfinite(p.softmax_scale) ||
+        p.window_left < -1 || p.window_right < -1)
         return FMHA_ERR_UNSUPPORTED;
     if (p.batch < 0 || p.seqlen_q < 0 || p.seqlen_k < 0 || p.heads_q < 0 || p.heads_kv <= 0 ||
         p.heads_q % p.heads_kv != 0)
@@ -679,30 +868,7 @@ inline fmha_status fmha_sm90_prefill_launch(const fmha_fwd_params &p, cudaError_
         return FMHA_ERR_UNSUPPORTED;
 
     const dim3 grid((unsigned)((p.seqlen_q + block_m - 1) / block_m), (unsigned)p.heads_q, (unsigned)p.batch);
-    const int key = (bf16 ? 8 : 0) + (p.head_dim == 128 ? 4 : 0) + (p.causal ? 2 : 0) + (sched == PINGPONG ? 1 : 0);
-    switch (key) {
-#define FMHA_SM90_CASE(K, T, D, C, S)                                  \
-    case K:                                                            \
-        err = launch_instance<T, D, C, S>(maps, p, grid);              \
-        break;
-        FMHA_SM90_CASE(0, fmha_half, 64, false, INTERLEAVED)
-        FMHA_SM90_CASE(1, fmha_half, 64, false, PINGPONG)
-        FMHA_SM90_CASE(2, fmha_half, 64, true, INTERLEAVED)
-        FMHA_SM90_CASE(3, fmha_half, 64, true, PINGPONG)
-        FMHA_SM90_CASE(4, fmha_half, 128, false, INTERLEAVED)
-        FMHA_SM90_CASE(5, fmha_half, 128, false, PINGPONG)
-        FMHA_SM90_CASE(6, fmha_half, 128, true, INTERLEAVED)
-        FMHA_SM90_CASE(7, fmha_half, 128, true, PINGPONG)
-        FMHA_SM90_CASE(8, fmha_bf16, 64, false, INTERLEAVED)
-        FMHA_SM90_CASE(9, fmha_bf16, 64, false, PINGPONG)
-        FMHA_SM90_CASE(10, fmha_bf16, 64, true, INTERLEAVED)
-        FMHA_SM90_CASE(11, fmha_bf16, 64, true, PINGPONG)
-        FMHA_SM90_CASE(12, fmha_bf16, 128, false, INTERLEAVED)
-        FMHA_SM90_CASE(13, fmha_bf16, 128, false, PINGPONG)
-        FMHA_SM90_CASE(14, fmha_bf16, 128, true, INTERLEAVED)
-        FMHA_SM90_CASE(15, fmha_bf16, 128, true, PINGPONG)
-#undef FMHA_SM90_CASE
-    }
+    err = bf16 ? launch_head_dim<fmha_bf16>(maps, p, grid, sched) : launch_head_dim<fmha_half>(maps, p, grid, sched);
     if (err != cudaSuccess) {
         if (error)
             *error = err;

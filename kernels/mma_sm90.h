@@ -12,7 +12,7 @@
  * tensor-memory-access engine (TMA) writes with CU_TENSOR_MAP_SWIZZLE_128B.
  *
  * Also here, for the warp-specialized kernel (fwd_sm90.h): mbarriers, TMA
- * tensor loads and stores, named barriers, setmaxnreg, and the host-side
+ * tensor loads and stores, named barriers, setmaxnreg, a fast tanh, and the host-side
  * tensor-map encoder (fetched from the driver through the runtime, so no
  * driver library is linked) with a per-thread cache of the maps it made.
  */
@@ -178,6 +178,18 @@ template <> struct wgmma<fmha_half, 128> {
 #endif /* FMHA_HAS_WGMMA */
 
 #if FMHA_HAS_WGMMA
+/*
+ * tanh in one special-function instruction (tanh.approx.f32, sm_75 on), for
+ * the logit softcap.  The PTX ISA bounds its relative error by about 2^-11;
+ * sm90_check measures it (the "tanh.approx" line of its output).
+ */
+__device__ __forceinline__ float tanh_fast(float x)
+{
+    float y;
+    asm("tanh.approx.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+
 /*
  * Warp specialization: a warpgroup gives registers back (the producer) or
  * takes them (the consumers).  Every warp of the warpgroup executes it, and the

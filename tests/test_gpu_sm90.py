@@ -2,8 +2,9 @@
 tensors, against the float64 reference: odd lengths, seqlen_q above and far below
 seqlen_k, causal and not, GQA ratios 1/4/8/16, head_dim 64/128, float16/bfloat16, strided
 views, strides TMA cannot address (the tensor-core tiles run those), bitwise determinism,
-and FMHA_GPU_PREFILL_KERNEL.  Every sm90 case first checks that explain() names the sm90
-kernel for its tensors, so none passes on another kernel.  Everything skips, saying why,
+FMHA_GPU_PREFILL_KERNEL, and the model features (window, softcap, sinks: issue 21).  Every
+sm90 case first checks that explain() names the sm90 kernel for its tensors, so none passes
+on another kernel.  Everything skips, saying why,
 without a cc 9.x GPU, torch with CUDA, or sm_90a code in this build."""
 import json
 import math
@@ -335,3 +336,119 @@ def test_packed_device_cu_seqlens_out_of_range_gives_nan_rows(torch):
     assert_close(as_f64(out[:good]), as_f64(lse[:, :good]), ref_out, ref_lse, "bf16")
     assert bool(torch.isnan(out[good:]).all()) and bool(torch.isnan(lse[:, good:]).all())
     assert bool((out_buf[total:] == 7.0).all()) and bool((lse_buf[:, total:] == 7.0).all())
+
+
+# ------------------------------------------------- window, softcap and sinks on sm90 (issue 21)
+
+def sinks_for(torch, heads_q):
+    """Sink logits [heads_q] on the GPU: below, near and far above typical row maxima."""
+    return torch.tensor([9.0 if h % 5 == 4 else -3.0 + 1.25 * (h % 5) for h in range(heads_q)],
+                        dtype=torch.float32, device="cuda")
+
+
+def check_features(q, k, v, dtype, **kw):
+    """explain() names the sm90 kernel; forward matches the reference, which takes every
+    keyword used here with the same meaning."""
+    plan = fmha_native.explain(q, k, v, **kw)
+    assert plan["kernel"].startswith(SM90), f"{plan['kernel']}: {plan['reason']}"
+    out, lse = fmha_native.forward(q, k, v, **kw)
+    ref_out, ref_lse = reference.forward(q, k, v, **kw)
+    assert_close(as_f64(out), as_f64(lse), ref_out, ref_lse, dtype, what=f"{plan['kernel']} {kw}")
+    return out, lse
+
+
+# (seqlen_q, seqlen_k, causal, window): windows under one 128-key block, left = 0 (only the
+# row's own position, plus the right side), one side open, Sq above and below Sk, bounds past
+# the sequence, and rows that see no key (Sq > Sk without causal: positions below 0)
+WINDOWS = [(1003, 1003, True, (100, -1)), (515, 515, True, (0, 0)), (515, 1003, False, (0, 0)),
+           (515, 515, False, (37, 5)), (1003, 300, False, (-1, 64)), (129, 1003, False, (200, -1)),
+           (1003, 17, False, (10, 10)), (300, 300, False, (5000, 5000)), (257, 2049, True, (700, -1))]
+
+# the mask logic is the same for every type and tile: two of the four instances here, the
+# others in test_all_features_together_with_gqa
+DTYPE_DIMS = [("bf16", 128), ("f16", 64)]
+
+
+@pytest.mark.parametrize("dtype,head_dim", DTYPE_DIMS)
+@pytest.mark.parametrize("seqlen_q,seqlen_k,causal,window", WINDOWS)
+def test_windows(torch, seqlen_q, seqlen_k, causal, window, head_dim, dtype):
+    heads_q, heads_kv = 8, 2
+    q, k, v = qkv(torch, batch_for(seqlen_q, heads_q), seqlen_q, seqlen_k, heads_q, heads_kv,
+                  head_dim, dtype, seed=seqlen_q + seqlen_k + window[0])
+    check_features(q, k, v, dtype, causal=causal, window=window)
+
+
+@pytest.mark.parametrize("dtype", ["f16", "bf16"])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("softcap,scale", [(30.0, None), (2.0, 0.3)], ids=["cap30", "cap2-past"])
+def test_softcap(torch, softcap, scale, causal, head_dim, dtype):
+    """A cap far above the scores, and one that most scores pass (scaled up)."""
+    q, k, v = qkv(torch, batch_for(517, 16), 517, 1003, 16, 4, head_dim, dtype,
+                  seed=int(softcap) + head_dim)
+    kw = dict(causal=causal, softcap=softcap)
+    if scale is not None:
+        kw["softmax_scale"] = scale
+    check_features(q, k, v, dtype, **kw)
+
+
+@pytest.mark.parametrize("dtype,head_dim", DTYPE_DIMS)
+@pytest.mark.parametrize("seqlen_q,seqlen_k,causal", [(1003, 1003, True), (300, 700, False),
+                                                      (1003, 17, True)])
+def test_sinks(torch, seqlen_q, seqlen_k, causal, head_dim, dtype):
+    """Sinks; (1003, 17) causal has rows that see no key: out 0, lse = the sink."""
+    heads_q = 10
+    q, k, v = qkv(torch, batch_for(seqlen_q, heads_q), seqlen_q, seqlen_k, heads_q, 2, head_dim,
+                  dtype, seed=seqlen_q + 3 * seqlen_k)
+    sinks = sinks_for(torch, heads_q)
+    out, lse = check_features(q, k, v, dtype, causal=causal, sinks=sinks)
+    if seqlen_q > seqlen_k and causal:
+        empty = seqlen_q - seqlen_k  # rows 0 .. empty-1 see no key
+        assert bool((out[:, :empty] == 0).all())
+        expect = sinks.view(1, heads_q, 1).expand(lse.shape[0], heads_q, empty)
+        assert bool((lse[:, :, :empty] == expect).all())
+
+
+@pytest.mark.parametrize("dtype", ["f16", "bf16"])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_all_features_together_with_gqa(torch, causal, head_dim, dtype):
+    heads_q, heads_kv = 16, 2
+    q, k, v = qkv(torch, batch_for(700, heads_q), 700, 1003, heads_q, heads_kv, head_dim, dtype,
+                  seed=head_dim + causal)
+    check_features(q, k, v, dtype, causal=causal, window=(150, -1 if causal else 20), softcap=5.0,
+                   softmax_scale=0.2, sinks=sinks_for(torch, heads_q))
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_packed_sequences_with_features(torch, causal, head_dim):
+    """Packed sequences (one empty, some under one warpgroup) with Sq != Sk per sequence:
+    windows count from each sequence's own positions."""
+    q_len, k_len = [300, 1000, 5, 0, 777, 63], [1000, 300, 700, 129, 777, 63]
+    q, cu_q = packed(torch, q_len, 8, head_dim, "bf16", seed=60)
+    k, cu_k = packed(torch, k_len, 4, head_dim, "bf16", seed=61)
+    v, _ = packed(torch, k_len, 4, head_dim, "bf16", seed=62)
+    check_features(q, k, v, "bf16", causal=causal, window=(90, -1 if causal else 40), softcap=8.0,
+                   sinks=sinks_for(torch, 8), cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
+                   max_seqlen_q=max(q_len), max_seqlen_k=max(k_len))
+
+
+def test_window_tiles_skip_blocks_and_stay_deterministic(torch):
+    """A narrow window over long keys gives the dense call's numbers over its few keys:
+    matching the reference, bitwise repeatable."""
+    q, k, v = qkv(torch, 1, 4096, 4096, 16, 4, 128, "bf16", seed=70)
+    kw = dict(causal=True, window=(256, -1), sinks=sinks_for(torch, 16), softcap=20.0)
+    out1, lse1 = check_features(q, k, v, "bf16", **kw)
+    out2, lse2 = fmha_native.forward(q, k, v, **kw)
+    assert bits(out1) == bits(out2) and bits(lse1) == bits(lse2)
+
+
+def test_narrow_window_takes_the_interleaved_schedule(torch):
+    """A row of a (100, 0) window sees 101 keys however long the sequence: too few key
+    blocks for ping-pong (plan.c sm90_schedule), which the plain causal call takes."""
+    q, k, v = qkv(torch, 2, 4096, 4096, 16, 4, 128, "bf16", seed=3)
+    assert fmha_native.explain(q, k, v, causal=True)["kernel"].endswith(",pingpong>")
+    plan = fmha_native.explain(q, k, v, causal=True, window=(100, -1))
+    assert plan["kernel"].startswith(SM90) and plan["kernel"].endswith(",interleaved>"), \
+        plan["kernel"]

@@ -3,10 +3,11 @@
  * warp-specialized prefill kernel (kernels/fwd_sm90.h), outside the library.
  *
  *   correctness  random non-zero bf16/fp16 inputs; a naive fp32 reference
- *                kernel here (one thread per (batch, row, head)); out and lse
+ *                kernel here (one thread per (batch, row, head)), with the
+ *                window, softcap and sinks of fmha.h; out and lse
  *                poisoned before the run and every element checked written;
  *                relative Frobenius error of out, max abs error of lse; rows
- *                that see no key must give 0 and -inf; strides TMA cannot use
+ *                that see no key must give 0 and -inf (the sink with sinks); strides TMA cannot use
  *                must be refused (FMHA_ERR_UNSUPPORTED), not run; a second run
  *                must give the same bits
  *   speed        cudaEvent time of single launches (warm-up, median of 20),
@@ -18,8 +19,11 @@
  *   sm90_check --small         one small case per kernel instance (for compute-sanitizer)
  *   sm90_check --profile "B HQ HKV SQ SK D CAUSAL bf16|fp16"
  *                              inputs, then exactly one launch (for ncu)
- *   sm90_check --time "B HQ HKV SQ SK D CAUSAL bf16|fp16 SCHED" [--time ...]
- *                              only these shapes, timed and checked on sampled rows
+ *   sm90_check --time "B HQ HKV SQ SK D CAUSAL bf16|fp16 SCHED [window=L,R] [softcap=C] [sinks]"
+ *                              [--time ...]: only these shapes, timed and checked on sampled rows
+ *   sm90_check --feature-speed the feature timings of issue 21: a 4096-key window at 131072
+ *                              keys against dense 4096 keys with the same rows, and softcap /
+ *                              sinks against plain at (4, 32, 32, 8192, 8192, 128); ratios last
  * Exit status 0 when every case passes.
  */
 #include "fwd_sm90.h"
@@ -108,19 +112,23 @@ __global__ void reference_check(const fmha_fwd_params p, int64_t samples, int64_
         qf[d] = to_f(q[d]);
         acc[d] = 0.f;
     }
-    int64_t last = p.seqlen_k - 1;
-    if (p.causal) {
-        const int64_t lim = i + p.seqlen_k - p.seqlen_q;
-        last = lim < last ? lim : last;
-    }
+    /* keys [first, last] (fmha.h): the row sits at key position i + seqlen_k - seqlen_q */
+    const int64_t pos = i + p.seqlen_k - p.seqlen_q, right = p.causal ? 0 : p.window_right;
+    int64_t last = p.seqlen_k - 1, first = 0;
+    if (right >= 0 && pos + right < last)
+        last = pos + right;
+    if (p.window_left >= 0 && pos - p.window_left > first)
+        first = pos - p.window_left;
     float m = -INFINITY, l = 0.f;
-    for (int64_t j = 0; j <= last; j++) {
+    for (int64_t j = first; j <= last; j++) {
         const T *k = static_cast<const T *>(p.k) + b * p.k_batch_stride + j * p.k_row_stride + hk * p.k_head_stride;
         const T *v = static_cast<const T *>(p.v) + b * p.v_batch_stride + j * p.v_row_stride + hk * p.v_head_stride;
         float dot = 0.f;
         for (int d = 0; d < D; d++)
             dot += qf[d] * to_f(k[d]);
-        const float sc = dot * p.softmax_scale;
+        float sc = dot * p.softmax_scale;
+        if (p.softcap > 0.f)
+            sc = p.softcap * tanhf(sc / p.softcap);
         const float m_new = fmaxf(m, sc);
         const float corr = expf(m - m_new), e = expf(sc - m_new);
         l = l * corr + e;
@@ -131,13 +139,22 @@ __global__ void reference_check(const fmha_fwd_params p, int64_t samples, int64_
     const T *o = static_cast<const T *>(p.out) + b * p.o_batch_stride + i * p.o_row_stride + h * p.o_head_stride;
     const float got_lse = p.lse[b * p.lse_batch_stride + h * p.lse_head_stride + i * p.lse_row_stride];
     row_result out{0.0, 0.0, 0.f, 0};
-    if (last < 0) {
+    const float sink = p.sinks ? p.sinks[h] : -INFINITY;
+    if (last < first) {
         for (int d = 0; d < D; d++)
             out.bad |= to_f(o[d]) != 0.f;
-        out.bad |= !(got_lse == -INFINITY);
+        out.bad |= !(got_lse == sink);
     } else {
+        /* a sink joins the denominator only */
+        float keep = 1.f;
+        if (p.sinks) {
+            const float mx = fmaxf(m, sink);
+            keep = expf(m - mx);
+            l = l * keep + expf(sink - mx);
+            m = mx;
+        }
         for (int d = 0; d < D; d++) {
-            const double ref = acc[d] / l, diff = (double)to_f(o[d]) - ref;
+            const double ref = acc[d] * keep / l, diff = (double)to_f(o[d]) - ref;
             out.err2 += diff * diff;
             out.ref2 += ref * ref;
         }
@@ -178,7 +195,14 @@ struct shape {
     bool causal, bf16;
     int layout; /* 0 dense; 1 q/k/v slices of one packed qkv buffer, out and lse padded; 2 unaligned strides */
     int sched;  /* fmha::sm90::schedule */
+    int64_t win_left = -1, win_right = -1; /* fmha.h's window; -1 unbounded */
+    float softcap = 0.f;
+    bool sinks = false; /* per-head sink logits (sink_of) */
+    float scale = 0.f;  /* softmax_scale; 0 = 1 / sqrt(d) */
 };
+
+/* The sink of head h: on both sides of typical row maxima, one far above them. */
+float sink_of(int64_t h) { return h % 5 == 4 ? 12.f : -2.f + 0.75f * (float)(h % 5); }
 
 struct result_row {
     std::string name;
@@ -190,28 +214,42 @@ struct result_row {
 
 std::string describe(const shape &s)
 {
-    char buf[160];
-    snprintf(buf, sizeof buf, "%s %s d%lld (%lld,%lld,%lld,%lld,%lld)%s%s", s.sched ? "pp" : "il",
+    char buf[200], extra[80] = "";
+    int n = 0;
+    if (s.win_left >= 0 || s.win_right >= 0)
+        n += snprintf(extra + n, sizeof extra - n, " win(%lld,%lld)", (long long)s.win_left, (long long)s.win_right);
+    if (s.softcap > 0.f)
+        n += snprintf(extra + n, sizeof extra - n, " cap%g", s.softcap);
+    if (s.sinks)
+        n += snprintf(extra + n, sizeof extra - n, " sinks");
+    if (s.scale > 0.f)
+        snprintf(extra + n, sizeof extra - n, " scale%g", s.scale);
+    snprintf(buf, sizeof buf, "%s %s d%lld (%lld,%lld,%lld,%lld,%lld)%s%s%s", s.sched ? "pp" : "il",
              s.bf16 ? "bf16" : "fp16", (long long)s.d, (long long)s.b, (long long)s.hq, (long long)s.hkv,
              (long long)s.sq, (long long)s.sk, s.causal ? " causal" : "",
-             s.layout == 1 ? " packed" : s.layout == 2 ? " unaligned" : "");
+             s.layout == 1 ? " packed" : s.layout == 2 ? " unaligned" : "", extra);
     return buf;
 }
 
 /* Query-key pairs the mask lets through. */
 double visible_pairs(const shape &s)
 {
-    if (!s.causal)
+    const int64_t right = s.causal ? 0 : s.win_right;
+    if (right < 0 && s.win_left < 0)
         return (double)s.sq * (double)s.sk;
     double n = 0;
-    for (int64_t i = 0; i < s.sq; i++)
-        n += (double)std::max<int64_t>(0, std::min<int64_t>(s.sk, i + s.sk - s.sq + 1));
+    for (int64_t i = 0; i < s.sq; i++) {
+        const int64_t pos = i + s.sk - s.sq;
+        const int64_t last = right < 0 ? s.sk - 1 : std::min<int64_t>(s.sk - 1, pos + right);
+        const int64_t first = s.win_left < 0 ? 0 : std::max<int64_t>(0, pos - s.win_left);
+        n += (double)std::max<int64_t>(0, last - first + 1);
+    }
     return n;
 }
 
 struct buffers {
     void *qkv = nullptr, *k = nullptr, *v = nullptr, *out = nullptr;
-    float *lse = nullptr;
+    float *lse = nullptr, *sinks = nullptr;
     size_t out_elems = 0, lse_elems = 0;
     ~buffers()
     {
@@ -220,6 +258,7 @@ struct buffers {
         cudaFree(v);
         cudaFree(out);
         cudaFree(lse);
+        cudaFree(sinks);
     }
 };
 
@@ -236,9 +275,20 @@ fmha_fwd_params make_problem(const shape &s, buffers &buf, int64_t &o_pad)
     p.head_dim = s.d;
     p.dtype = s.bf16 ? FMHA_DTYPE_BF16 : FMHA_DTYPE_F16;
     p.causal = s.causal;
-    p.softmax_scale = 1.f / sqrtf((float)s.d);
+    p.softmax_scale = s.scale > 0.f ? s.scale : 1.f / sqrtf((float)s.d);
     p.scale_log2 = p.softmax_scale * 1.4426950408889634f;
     p.num_splits = 1;
+    p.window_left = s.win_left;
+    p.window_right = s.win_right;
+    p.softcap = s.softcap;
+    if (s.sinks) {
+        std::vector<float> host(s.hq);
+        for (int64_t h = 0; h < s.hq; h++)
+            host[h] = sink_of(h);
+        CK(cudaMalloc(&buf.sinks, s.hq * sizeof(float)));
+        CK(cudaMemcpy(buf.sinks, host.data(), s.hq * sizeof(float), cudaMemcpyHostToDevice));
+        p.sinks = buf.sinks;
+    }
     const int64_t D = s.d;
     auto alloc16 = [](void **ptr, size_t elems) { CK(cudaMalloc(ptr, std::max<size_t>(elems, 1) * 2)); };
     auto fill = [&](void *ptr, size_t n, uint32_t seed) {
@@ -433,21 +483,25 @@ result_row run_case(const shape &s, int timed_runs, int64_t max_rows)
 
 void print_instances()
 {
+    using namespace fmha::sm90;
     struct inst {
         const char *name;
         const void *fn;
     } list[] = {
-        {"bf16 d64", (const void *)fmha::sm90::fwd_sm90_kernel<fmha_bf16, 64, false, 0>},
-        {"bf16 d64 causal", (const void *)fmha::sm90::fwd_sm90_kernel<fmha_bf16, 64, true, 0>},
-        {"bf16 d128", (const void *)fmha::sm90::fwd_sm90_kernel<fmha_bf16, 128, false, 0>},
-        {"bf16 d128 causal", (const void *)fmha::sm90::fwd_sm90_kernel<fmha_bf16, 128, true, 0>},
-        {"bf16 d128 pingpong", (const void *)fmha::sm90::fwd_sm90_kernel<fmha_bf16, 128, false, 1>},
-        {"fp16 d64 pingpong", (const void *)fmha::sm90::fwd_sm90_kernel<fmha_half, 64, false, 1>},
+        {"bf16 d64", (const void *)fmha::sm90::fwd_sm90_kernel<fmha_bf16, 64, MASK_NONE, 0, 0>},
+        {"bf16 d64 causal", (const void *)fmha::sm90::fwd_sm90_kernel<fmha_bf16, 64, MASK_CAUSAL, 0, 0>},
+        {"bf16 d128", (const void *)fmha::sm90::fwd_sm90_kernel<fmha_bf16, 128, MASK_NONE, 0, 0>},
+        {"bf16 d128 causal", (const void *)fmha::sm90::fwd_sm90_kernel<fmha_bf16, 128, MASK_CAUSAL, 0, 0>},
+        {"bf16 d128 pingpong", (const void *)fmha::sm90::fwd_sm90_kernel<fmha_bf16, 128, MASK_NONE, 0, 1>},
+        {"fp16 d64 pingpong", (const void *)fmha::sm90::fwd_sm90_kernel<fmha_half, 64, MASK_NONE, 0, 1>},
+        {"bf16 d128 window pp", (const void *)fmha::sm90::fwd_sm90_kernel<fmha_bf16, 128, MASK_WINDOW, 0, 1>},
+        {"bf16 d128 cap+sink pp", (const void *)fmha::sm90::fwd_sm90_kernel<fmha_bf16, 128, MASK_CAUSAL, 3, 1>},
+        {"bf16 d64 win+cap+sink", (const void *)fmha::sm90::fwd_sm90_kernel<fmha_bf16, 64, MASK_WINDOW, 3, 0>},
     };
     for (const inst &k : list) {
         cudaFuncAttributes a;
         CK(cudaFuncGetAttributes(&a, k.fn));
-        printf("kernel %-18s regs %3d  local %zu B  binary sm_%d\n", k.name, a.numRegs, a.localSizeBytes,
+        printf("kernel %-22s regs %3d  local %zu B  binary sm_%d\n", k.name, a.numRegs, a.localSizeBytes,
                a.binaryVersion);
     }
 }
@@ -461,10 +515,62 @@ bool parse_shape(const char *text, shape &s)
     if (n < 8)
         return false;
     s = shape{b, hq, hkv, sq, sk, d, causal != 0, strcmp(dt, "fp16") != 0, 0, sched};
+    /* optional features after the shape */
+    long long left, right;
+    if (const char *w = strstr(text, "window=")) {
+        if (sscanf(w, "window=%lld,%lld", &left, &right) != 2)
+            return false;
+        s.win_left = left;
+        s.win_right = right;
+    }
+    if (const char *c = strstr(text, "softcap=")) {
+        if (sscanf(c, "softcap=%f", &s.softcap) != 1)
+            return false;
+    }
+    if (const char *c = strstr(text, "scale=")) {
+        if (sscanf(c, "scale=%f", &s.scale) != 1)
+            return false;
+    }
+    s.sinks = strstr(text, "sinks") != nullptr;
     return true;
 }
 
 std::vector<result_row> g_rows;
+
+/* The largest relative and absolute error of tanh_fast against tanhf (to within fp32) over
+ * 2^24 points of [-10, 10], the sign flips included. */
+__global__ void tanh_error(float *worst)
+{
+    float rel = 0.f, abs_err = 0.f;
+    for (int i = (int)(blockIdx.x * blockDim.x + threadIdx.x); i < (1 << 24); i += (int)(gridDim.x * blockDim.x)) {
+        const float x = -10.f + 20.f * ((float)i + 0.5f) / (float)(1 << 24);
+#if FMHA_HAS_WGMMA
+        const float got = fmha::tanh_fast(x);
+#else
+        const float got = NAN;
+#endif
+        const float ref = (float)tanh((double)x), err = fabsf(got - ref);
+        abs_err = fmaxf(abs_err, err);
+        if (ref != 0.f)
+            rel = fmaxf(rel, err / fabsf(ref));
+    }
+    atomicMax(reinterpret_cast<int *>(&worst[0]), __float_as_int(rel)); /* non-negative floats order as ints */
+    atomicMax(reinterpret_cast<int *>(&worst[1]), __float_as_int(abs_err));
+}
+
+void print_tanh_error()
+{
+    float *d;
+    CK(cudaMalloc(&d, 2 * sizeof(float)));
+    CK(cudaMemset(d, 0, 2 * sizeof(float)));
+    tanh_error<<<264, 256>>>(d);
+    CK(cudaGetLastError());
+    float w[2];
+    CK(cudaMemcpy(w, d, sizeof w, cudaMemcpyDeviceToHost));
+    CK(cudaFree(d));
+    printf("tanh.approx (softcap) over [-10, 10]: max relative error %.3g (2^%.2f), max absolute error %.3g\n",
+           w[0], log2(w[0]), w[1]);
+}
 
 void print_header()
 {
@@ -508,7 +614,7 @@ void fatal()
 
 int main(int argc, char **argv)
 {
-    bool small = false;
+    bool small = false, feature_speed = false;
     const char *profile = nullptr;
     std::vector<const char *> timed_shapes;
     for (int i = 1; i < argc; i++) {
@@ -518,9 +624,12 @@ int main(int argc, char **argv)
             profile = argv[++i];
         else if (!strcmp(argv[i], "--time") && i + 1 < argc)
             timed_shapes.push_back(argv[++i]);
+        else if (!strcmp(argv[i], "--feature-speed"))
+            feature_speed = true;
         else {
-            fprintf(stderr, "usage: %s [--small] [--profile SHAPE] [--time SHAPE]...\n"
-                            "  SHAPE: \"B HQ HKV SQ SK D CAUSAL bf16|fp16 [SCHED]\"\n", argv[0]);
+            fprintf(stderr, "usage: %s [--small] [--feature-speed] [--profile SHAPE] [--time SHAPE]...\n"
+                            "  SHAPE: \"B HQ HKV SQ SK D CAUSAL bf16|fp16 [SCHED] [window=L,R] [softcap=C] "
+                            "[scale=S] [sinks]\"\n", argv[0]);
             return 2;
         }
     }
@@ -556,6 +665,21 @@ int main(int argc, char **argv)
     }
 
     print_instances();
+    print_tanh_error();
+    /* issue 21's targets: a window within 10% of a dense call over as many keys per row,
+     * softcap and sinks within 5% of plain; each pair is compared in the last lines */
+    static const char *const feature_shapes[][2] = {
+        {"1 16 16 131072 4096 128 0 bf16 1", "1 16 16 131072 131072 128 1 bf16 1 window=4096,-1"},
+        {"4 32 32 8192 8192 128 0 bf16 1", "4 32 32 8192 8192 128 0 bf16 1 softcap=50"},
+        {"4 32 32 8192 8192 128 0 bf16 1", "4 32 32 8192 8192 128 0 bf16 1 sinks"},
+        {"4 32 32 8192 8192 128 0 bf16 1", "4 32 32 8192 8192 128 0 bf16 1 softcap=50 sinks"},
+        {"4 32 32 8192 8192 128 1 bf16 1", "4 32 32 8192 8192 128 1 bf16 1 softcap=50 sinks"},
+    };
+    if (feature_speed) {
+        for (const auto &pair : feature_shapes)
+            for (const char *text : pair)
+                timed_shapes.push_back(text);
+    }
     if (!timed_shapes.empty()) {
         /* only these shapes: timed and checked on sampled rows */
         print_header();
@@ -568,7 +692,15 @@ int main(int argc, char **argv)
             g_rows.push_back(run_case(s, 20, 4096));
             print_row(g_rows.back());
         }
-        return print_table() ? 1 : 0;
+        const int failed = print_table();
+        if (feature_speed) {
+            /* the pairs are the last rows, base then feature */
+            const size_t n_pairs = sizeof feature_shapes / sizeof feature_shapes[0];
+            for (size_t i = g_rows.size() - 2 * n_pairs; i + 1 < g_rows.size(); i += 2)
+                printf("%s\n  vs %s: time x%.3f\n", g_rows[i + 1].name.c_str(), g_rows[i].name.c_str(),
+                       g_rows[i + 1].ms / g_rows[i].ms);
+        }
+        return failed ? 1 : 0;
     }
     /* Both schedules, the default (interleaved) first: if the other one fails
      * the launch, the rows finished so far are still printed. */
@@ -580,11 +712,33 @@ int main(int argc, char **argv)
                 auto add = [&](int64_t b, int64_t hq, int64_t hkv, int64_t sq, int64_t sk, bool causal, int layout) {
                     cases.push_back({b, hq, hkv, sq, sk, d, causal, bf, layout, sched});
                 };
+                /* window, softcap, sinks: the case, then its features */
+                auto feat = [&](int64_t b, int64_t hq, int64_t hkv, int64_t sq, int64_t sk, bool causal, int64_t left,
+                                int64_t right, float cap, bool sinks, float scale) {
+                    shape c{b, hq, hkv, sq, sk, d, causal, bf, 0, sched};
+                    c.win_left = left;
+                    c.win_right = right;
+                    c.softcap = cap;
+                    c.sinks = sinks;
+                    c.scale = scale;
+                    cases.push_back(c);
+                };
                 if (small) {
                     add(2, 4, 1, 129, 131, true, 0);
                     add(2, 4, 2, 130, 127, false, 0);
+                    feat(2, 4, 2, 200, 300, false, 70, 9, 2.f, true, 0.5f);
                     continue;
                 }
+                feat(2, 4, 4, 1003, 1003, true, 100, -1, 0, false, 0);   /* causal window under a block */
+                feat(2, 4, 4, 300, 517, false, 0, 0, 0, false, 0);      /* left = right = 0: the diagonal */
+                feat(2, 8, 2, 1003, 1003, false, 37, 5, 0, false, 0);   /* GQA 4, both sides */
+                feat(2, 4, 4, 517, 300, false, -1, 64, 0, false, 0);    /* Sq > Sk, right side only */
+                feat(2, 4, 4, 129, 1003, false, 200, -1, 0, false, 0);  /* left side only: first rows heaviest */
+                feat(2, 4, 4, 1003, 17, false, 10, 10, 0, false, 0);    /* most rows see no key */
+                feat(2, 4, 4, 300, 300, false, 5000, 5000, 0, false, 0); /* bounds past the sequence */
+                feat(2, 4, 4, 517, 517, true, -1, -1, 5.f, false, 1.5f); /* softcap with scores past the cap */
+                feat(2, 8, 8, 1003, 17, true, -1, -1, 0, true, 0);      /* sinks; rows with no key give the sink */
+                feat(2, 16, 2, 257, 385, true, 150, 20, 3.f, true, 0.4f); /* all together, GQA 8 */
                 add(2, 4, 4, 1, 1, false, 0);
                 add(2, 4, 1, 17, 17, true, 0);
                 add(2, 8, 1, 127, 129, false, 0);

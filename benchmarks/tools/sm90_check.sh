@@ -5,6 +5,8 @@
 #   bash benchmarks/tools/sm90_check.sh --sanitize   also compute-sanitizer memcheck, racecheck and
 #                                                    synccheck on the small cases (sm90_check --small)
 #   bash benchmarks/tools/sm90_check.sh --build-only just the binary (ncu_prefill.sh uses it)
+#   bash benchmarks/tools/sm90_check.sh --features   the window / softcap / sinks timings of issue 21
+#                                                    (sm90_check --feature-speed), time ratios last
 # Needs nvcc 12.8+ and a cc 9.x GPU.  The binary goes to ${OUT:-/tmp}/sm90_check; ptxas's
 # report (registers, spills) to ${OUT:-/tmp}/sm90_check.ptxas.txt.  SM90_FLAGS adds nvcc flags
 # (e.g. -DFMHA_SM90_D64_CONSUMERS=2 to build a variant; sm90_variants.sh does that).
@@ -30,5 +32,9 @@ if [ "${1:-}" = "--sanitize" ]; then
   done
 fi
 # A pipeline that hangs is stopped here; the rows finished before it are on stdout.
+if [ "${1:-}" = "--features" ]; then
+  timeout "${SM90_CHECK_TIMEOUT:-420}" "$out/sm90_check" --feature-speed || status=1
+  exit $status
+fi
 timeout "${SM90_CHECK_TIMEOUT:-420}" "$out/sm90_check" || status=1
 exit $status
