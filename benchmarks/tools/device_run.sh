@@ -12,8 +12,10 @@
 #   gputests  only tests/test_gpu.py and tests/test_gpu_parity.py (pytest_gpu.log)
 #   files     the GPU-touching test files listed in TEST_FILES (default: the serving, sm90,
 #             KV-cache, torch-op and GPU files), one pytest each under its own timeout
-#             (FILE_TIMEOUT, default 150 s), -v so a killed file still shows its results
-#             (pytest_<file>.log); CPU workers capped at 2 threads each
+#             (FILE_TIMEOUT, default 150 s), -v so a killed file still shows its results;
+#             files spread over the visible GPUs, one lane each (GPU_LANES), then the
+#             files of TEST_FILES_ALL_GPUS with every GPU visible; logs in
+#             pytest_logs.tgz; CPU workers capped at 2 threads each
 #   check     only the GPU parity sweep, tests/test_gpu_parity.py (parity.log): the fast first look
 #   sanitize  compute-sanitizer memcheck on the parity subset `-k quick` (memcheck.log)
 #   bench     benchmarks/bench.py --varlen (bench.json, bench.png, bench.log; RESULTS tables in results_tables.md)
@@ -84,15 +86,34 @@ if has gputests; then
 fi
 if has files; then
   files=${TEST_FILES:-"test_gpu_sm90 test_varlen test_paged test_gpu_decode_graph test_torch_op test_gpu test_kvcache"}
+  # One lane per visible GPU (GPU_LANES to override): lane g runs every g-th file on GPU g.
+  lanes=${GPU_LANES:-$(nvidia-smi -L | wc -l)}
+  [ "$lanes" -ge 1 ] || lanes=1
+  run_file() {  # run_file FILE GPU: one pytest under its timeout; "FILE rc seconds" to files.rc
+    local start; start=$(date +%s)
+    CUDA_VISIBLE_DEVICES=$2 FMHA_NUM_THREADS=2 timeout "${FILE_TIMEOUT:-150}" python3 -m pytest -v -rs \
+      -p no:cacheprovider $xdist "tests/$1.py" > "$OUT/pytest_$1.log" 2>&1
+    echo "$1 $? $(( $(date +%s) - start ))" >> "$OUT/files.rc"
+  }
+  rm -f "$OUT/files.rc"
+  i=0; lane_files=()
+  for f in $files; do lane_files[i % lanes]+=" $f"; i=$((i + 1)); done
+  for g in $(seq 0 $((lanes - 1))); do
+    (for f in ${lane_files[g]:-}; do run_file "$f" "$g"; done) &
+  done
+  wait
+  # files that need every GPU (NCCL worlds): after the lanes, all GPUs visible
+  for f in ${TEST_FILES_ALL_GPUS:-}; do run_file "$f" "$(seq -s, 0 $((lanes - 1)))"; done
+  files="$files ${TEST_FILES_ALL_GPUS:-}"
   for f in $files; do
-    start=$(date +%s)
-    FMHA_NUM_THREADS=2 timeout "${FILE_TIMEOUT:-150}" python3 -m pytest -v -rs -p no:cacheprovider $xdist \
-      "tests/$f.py" > "$OUT/pytest_$f.log" 2>&1
-    rc=$?; note "$f" $rc
-    echo "$f: rc=$rc $(( $(date +%s) - start )) s, $(grep -c ' PASSED' "$OUT/pytest_$f.log") passed," \
+    read -r _ rc secs < <(grep "^$f " "$OUT/files.rc")
+    note "$f" "${rc:-1}"
+    echo "$f: rc=${rc:-?} ${secs:-?} s, $(grep -c ' PASSED' "$OUT/pytest_$f.log") passed," \
          "$(grep -c ' SKIPPED' "$OUT/pytest_$f.log") skipped, $(grep -cE ' FAILED| ERROR' "$OUT/pytest_$f.log") failed"
     grep -E "^FAILED|^ERROR|\] (FAILED|ERROR) " "$OUT/pytest_$f.log" | head -8
   done
+  # the logs travel as one archive (the device tool returns a limited number of files)
+  tar -czf "$OUT/pytest_logs.tgz" -C "$OUT" $(cd "$OUT" && ls pytest_*.log) && rm -f "$OUT"/pytest_*.log
 fi
 if has oldkernel; then
   FMHA_GPU_PREFILL_KERNEL=mma python3 -m pytest -q -rs -p no:cacheprovider $xdist tests/test_gpu.py \
