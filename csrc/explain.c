@@ -115,11 +115,13 @@ static void gate_why(const fmha_plan *plan, const fmha_target *t, const fmha_gat
         return;
     case FMHA_GATE_FEATURES:
         feature_names(g->a, dims, sizeof dims);
-        if (g->met)
-            snprintf(buf, len, "no window, softcap or sinks asked for (the GPU kernels have none "
-                     "of them yet)");
+        if (!g->a)
+            snprintf(buf, len, "no window, softcap or sinks asked for");
+        else if (g->met)
+            snprintf(buf, len, "%s asked for: the tensor-core tiles run %s (not fwd_sm90 yet)",
+                     dims, (g->a & (g->a - 1)) ? "them" : "it");
         else
-            snprintf(buf, len, "%s asked for: the GPU kernels do not have %s yet", dims,
+            snprintf(buf, len, "%s asked for: the GPU kernels do not have %s", dims,
                      (g->a & (g->a - 1)) ? "them" : "it");
         return;
     default:
@@ -230,11 +232,17 @@ static void kernel_name(const fmha_fwd_params *p, const fmha_plan *plan, char *b
         snprintf(buf, len, "fwd_sm90<%s,d%lld%s,%s>", dtype_name(p->dtype), (long long)p->head_dim,
                  p->causal ? ",causal" : "",
                  plan->schedule == FMHA_SM90_PINGPONG ? "pingpong" : "interleaved");
-    else
-        snprintf(buf, len, "fwd_%s<%s,d%lld%s%s>%s%s",
+    else {
+        /* The mask kind (fwd_mma.h: the features run in the window kind), then the features. */
+        const int f = fmha_features(p);
+        snprintf(buf, len, "fwd_%s<%s,d%lld%s%s%s%s>%s%s",
                  plan->kernel_id == FMHA_KERNEL_GPU_DECODE ? "decode" : "mma", dtype_name(p->dtype),
-                 (long long)p->head_dim, p->causal ? ",causal" : "", plan->pack_gqa ? ",pack_gqa" : "",
+                 (long long)p->head_dim,
+                 (f & FMHA_FEATURE_WINDOW) ? ",window" : p->causal ? ",causal" : "",
+                 (f & FMHA_FEATURE_SOFTCAP) ? ",softcap" : "", (f & FMHA_FEATURE_SINKS) ? ",sinks" : "",
+                 plan->pack_gqa ? ",pack_gqa" : "",
                  plan->walkers_per_split > 1 ? "+merge" : "", plan->num_splits > 1 ? "+combine" : "");
+    }
 }
 
 /* Why this split count. */
@@ -346,6 +354,11 @@ static void sm90_not_used(const fmha_fwd_params *p, const fmha_plan *plan, const
         snprintf(why, sizeof why, "on its tiles, one CTA per SM, the split rule splits the keys, "
                  "which it cannot");
         break;
+    case FMHA_SM90_FEATURES:
+        feature_names(fmha_features(p), why, sizeof why);
+        snprintf(why + strlen(why), sizeof why - strlen(why), ": it has no window, softcap or "
+                 "sinks yet");
+        break;
     default:
         buf[0] = '\0';
         return;
@@ -363,14 +376,14 @@ static void plan_reason(const fmha_fwd_params *p, const fmha_plan *plan, const f
         return;
     }
     split_text(plan, why, sizeof why);
+    char window[200] = "";
+    const fmha_split_why *w = &plan->split;
+    if (w->all_key_blocks > w->key_blocks)
+        snprintf(window, sizeof window, "; the window leaves a tile at most %lld of %lld key "
+                 "blocks (it skips at least %lld; splits count the visible ones)",
+                 (long long)w->key_blocks, (long long)w->all_key_blocks,
+                 (long long)(w->all_key_blocks - w->key_blocks));
     if (plan->backend == FMHA_BACKEND_CPU) {
-        char window[200] = "";
-        const fmha_split_why *w = &plan->split;
-        if (w->all_key_blocks > w->key_blocks)
-            snprintf(window, sizeof window, "; the window leaves a tile at most %lld of %lld key "
-                     "blocks (it skips at least %lld; splits count the visible ones)",
-                     (long long)w->key_blocks, (long long)w->all_key_blocks,
-                     (long long)(w->all_key_blocks - w->key_blocks));
         snprintf(buf, len, "CPU: %dx%d tiles on %lld threads; %s%s", plan->block_m, plan->block_n,
                  (long long)plan->split.units, why, window);
     } else if (plan->kernel_id == FMHA_KERNEL_GPU_SM90) {
@@ -381,10 +394,16 @@ static void plan_reason(const fmha_fwd_params *p, const fmha_plan *plan, const f
                  plan->schedule == FMHA_SM90_PINGPONG ? "in ping-pong" : "interleaved", why);
     } else {
         sm90_not_used(p, plan, t, not_sm90, sizeof not_sm90);
-        snprintf(buf, len, "%s tensor-core tiles %dx%d%s%s; %s%s",
+        char features[96] = "";
+        if (fmha_features(p)) {
+            feature_names(fmha_features(p), features, sizeof features);
+            snprintf(features + strlen(features), sizeof features - strlen(features), " in them");
+        }
+        snprintf(buf, len, "%s tensor-core tiles %dx%d%s%s%s%s; %s%s%s",
                  plan->kernel_id == FMHA_KERNEL_GPU_DECODE ? "decode (few rows per kv head)" : "prefill",
                  plan->block_m, plan->block_n, plan->pack_gqa ? ", query heads of a kv head packed" : "",
-                 not_sm90, why, plan->kv_read_once ? "; K/V small next to L2: read with evict-first" : "");
+                 features[0] ? ", " : "", features, not_sm90, why, window,
+                 plan->kv_read_once ? "; K/V small next to L2: read with evict-first" : "");
     }
 }
 

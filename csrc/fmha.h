@@ -266,8 +266,8 @@ typedef enum fmha_gate_id {
     FMHA_GATE_DTYPE = 2,    /* a = fmha_dtype */
     FMHA_GATE_HEAD_DIM = 3, /* a = head_dim; GPU: a row of fmha_config.h, CPU: 1..max */
     FMHA_GATE_ALIGNMENT = 4,/* GPU, always met: a = 1 when no operand needs staging */
-    FMHA_GATE_FEATURES = 5, /* GPU: window, softcap and sinks are not in the kernels yet;
-                               a = FMHA_FEATURE_* bits asked for */
+    FMHA_GATE_FEATURES = 5, /* GPU, always met (the tensor-core kernels run window, softcap
+                               and sinks); a = FMHA_FEATURE_* bits asked for */
     FMHA_GATE_COUNT
 } fmha_gate_id;
 
@@ -309,6 +309,8 @@ typedef enum fmha_sm90_why {
     FMHA_SM90_GRID,            /* batch or heads_q above the grid's 65535 */
     FMHA_SM90_PACKED,          /* the query heads of a kv head fit one old prefill tile */
     FMHA_SM90_SPLITS,          /* the split rule splits the keys on its tiles */
+    FMHA_SM90_FEATURES,        /* window, softcap or sinks: not in it yet (checked after the
+                                  rest: the tensor-core tiles run them) */
 } fmha_sm90_why;
 
 /* The numbers behind the split decision, for explain(). */
