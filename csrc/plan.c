@@ -53,13 +53,14 @@ int fmha_features(const fmha_fwd_params *p)
  * A tile's query positions are consecutive (rows of one sequence), so with both sides
  * of the window bounded it sees at most rows + left + right keys, which a misaligned
  * start spreads over one more block.  A window open on one side hides no block from
- * every tile (the first or last tile still reaches the end), so all blocks count.
+ * every tile (the first or last tile still reaches the end), so all blocks count; so
+ * does a side at least as long as the keys (which also keeps the sum from overflowing).
  */
 int64_t fmha_visible_key_blocks(const fmha_fwd_params *p, int64_t rows, int block_n)
 {
     const int64_t all = fmha_num_key_blocks(p, block_n);
-    const int64_t right = fmha_window_right(p);
-    if (p->window_left < 0 || right < 0)
+    const int64_t right = fmha_window_right(p), keys = all * block_n;
+    if (p->window_left < 0 || right < 0 || p->window_left >= keys || right >= keys)
         return all;
     const int64_t span = (rows > 0 ? rows : 1) + p->window_left + right;
     const int64_t visible = ceil_div(span, block_n) + 1;

@@ -1,7 +1,7 @@
 /*
  * fwd_mma.h: the tensor-core producer kernel, templated on element type,
- * head_dim, mask kind (mask_kind below) and split.  One CTA owns block_m query rows of one
- * (batch, head) pair, or, with pack_gqa, of one kv head with its query heads
+ * head_dim, mask kind (mask_kind below) and split.  One CTA owns block_m query
+ * rows of one (batch, head) pair, or, with pack_gqa, of one kv head with its query heads
  * interleaved into the rows, and walks the key blocks of its split:
  *
  *   S = Q K^T * scale * log2(e)           (mma, fp32 accumulate)
@@ -60,6 +60,7 @@ constexpr float LOG2E = 1.442695040888963407f;
  * launcher takes MASK_WINDOW whenever fmha_features() is not 0.
  */
 enum mask_kind { MASK_NONE = 0, MASK_CAUSAL = 1, MASK_WINDOW = 2 };
+
 constexpr int ELEMS_PER_CHUNK = 8; /* 16-byte copies of 16-bit elements */
 
 /* Compile-time tile configuration: one instantiation per row of the tables in fmha_config.h. */
@@ -363,8 +364,19 @@ struct cta_work {
     }
 };
 
-/* The right bound of the window (fmha.h): causal's 0, else window_right (-1: none). */
-__device__ __forceinline__ int64_t window_right(const fmha_fwd_params &p) { return p.causal ? 0 : p.window_right; }
+/* A side of the window (fmha.h), -1 when unbounded; sides past any sequence's length are
+ * cut to 2^62, which sees the same keys and keeps position +- side from overflowing. */
+__device__ __forceinline__ int64_t window_side(int64_t side)
+{
+    constexpr int64_t FAR = (int64_t)1 << 62;
+    return side > FAR ? FAR : side;
+}
+__device__ __forceinline__ int64_t window_left(const fmha_fwd_params &p) { return window_side(p.window_left); }
+/* The right bound: causal's 0, else window_right. */
+__device__ __forceinline__ int64_t window_right(const fmha_fwd_params &p)
+{
+    return p.causal ? 0 : window_side(p.window_right);
+}
 
 /*
  * MASK_WINDOW: the key blocks [first, end) that some row of the tile can see.  The
@@ -378,8 +390,8 @@ template <int BLOCK_N>
 __device__ __forceinline__ block_span window_blocks(const fmha_fwd_params &p, int64_t first_pos, int64_t last_pos,
                                                     int64_t len_k)
 {
-    const int64_t right = window_right(p);
-    int64_t lo = p.window_left < 0 ? 0 : first_pos - p.window_left;
+    const int64_t left = window_left(p), right = window_right(p);
+    int64_t lo = left < 0 ? 0 : first_pos - left;
     lo = lo < 0 ? 0 : lo;
     int64_t hi = right < 0 ? len_k - 1 : last_pos + right;
     hi = hi < len_k - 1 ? hi : len_k - 1;
@@ -1102,21 +1114,21 @@ template <int MASK, typename cfg> struct online_softmax {
                 keys.last[mt][half] = pos;
                 if constexpr (MASK == MASK_WINDOW) {
                     /* Unbounded sides: limits no key of the sequence reaches. */
-                    const int64_t right = window_right(p);
+                    const int64_t left = window_left(p), right = window_right(p);
                     keys.last[mt][half] = right < 0 ? w.len_k : pos + right;
-                    keys.first[mt][half] = p.window_left < 0 ? -1 : pos - p.window_left;
+                    keys.first[mt][half] = left < 0 ? -1 : pos - left;
                 }
             }
         const int64_t first_limit = w.query_of(w.row0) + w.diag;
         free_begin = 0;
         free_end = MASK == MASK_CAUSAL ? (first_limit + 1 < w.len_k ? first_limit + 1 : w.len_k) : w.len_k;
         if constexpr (MASK == MASK_WINDOW) {
-            const int64_t right = window_right(p);
+            const int64_t left = window_left(p), right = window_right(p);
             const int64_t last_row = (w.row0 + shape::BLOCK_M < w.rows ? w.row0 + shape::BLOCK_M : w.rows) - 1;
             if (right >= 0 && first_limit + right + 1 < free_end)
                 free_end = first_limit + right + 1;
-            if (p.window_left >= 0)
-                free_begin = w.query_of(last_row) + w.diag - p.window_left;
+            if (left >= 0)
+                free_begin = w.query_of(last_row) + w.diag - left;
         }
 #pragma unroll
         for (int mt = 0; mt < MT; mt++)
