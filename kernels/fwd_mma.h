@@ -416,8 +416,10 @@ __device__ __forceinline__ cta_work make_work(const fmha_fwd_params &p, int64_t 
     /* Flattened pieces, rows fastest then heads: pieces that share K/V run together. */
     d = fmha_divide(d.q, m_blocks);
     /* Causal: the last query blocks see the most keys; start them first so the
-     * short ones fill the tail of the grid instead of the long ones. */
-    const int64_t m_block = MASK == MASK_CAUSAL ? m_blocks - 1 - d.r : d.r;
+     * short ones fill the tail of the grid instead of the long ones (a causal
+     * window: the first blocks see the fewest). */
+    const bool late_first = MASK == MASK_CAUSAL || (MASK == MASK_WINDOW && p.causal);
+    const int64_t m_block = late_first ? m_blocks - 1 - d.r : d.r;
     d = fmha_divide(d.q, slots);
     w.slot = d.r;
     d = fmha_divide(d.q, p.num_splits);
@@ -558,12 +560,24 @@ __device__ __forceinline__ void mask_block(float (&s)[MT][NT][4], int keys_left,
 }
 
 /*
+ * tanh for the softcap, as 1 - 2 / (e^{2x} + 1) from the fast exp2 and reciprocal:
+ * its absolute error is a few ulp of 1 (about 3e-7) over the whole range, so the capped
+ * score c tanh(s / c) is off by about c * 3e-7, far below the 16-bit rounding of P even
+ * at caps of 50.  It saturates to +-1 as e^{2x} overflows or vanishes.  (tanh.approx is
+ * one special-function op instead of two, but its relative error of about 2^-11 puts an
+ * error of |s| 2^-11 into the exponent: 1e-2 at capped scores of 20, above fp16's
+ * rounding of P.)
+ */
+__device__ __forceinline__ float softcap_tanh(float x)
+{
+    return 1.f - 2.f * rcp_fast(exp2_fast(2.f * LOG2E * x) + 1.f);
+}
+
+/*
  * The scores of a key block in the kernel's log2 units: S * scale_log2, or with a
  * softcap c (MASK_WINDOW, p.softcap > 0, a uniform branch) c tanh(s / c) of the
  * scaled score s = S * softmax_scale, taken in natural units and then times log2(e):
- * (c log2 e) tanh(S * softmax_scale / c).  tanh_fast (mma_*.h) is tanh.approx on
- * NVIDIA, relative error about 2^-11: the capped score is off by at most |s| 2^-11,
- * below the 2^-9 relative rounding of P to 16 bits before P V.
+ * (c log2 e) tanh(S * softmax_scale / c).
  */
 template <int MASK, int MT, int NT>
 __device__ __forceinline__ void scale_scores(float (&s)[MT][NT][4], const fmha_fwd_params &p)
@@ -576,7 +590,7 @@ __device__ __forceinline__ void scale_scores(float (&s)[MT][NT][4], const fmha_f
             for (int nt = 0; nt < NT; nt++)
 #pragma unroll
                 for (int e = 0; e < 4; e++)
-                    s[mt][nt][e] = out * tanh_fast(s[mt][nt][e] * in);
+                    s[mt][nt][e] = out * softcap_tanh(s[mt][nt][e] * in);
         return;
     }
     const float scale_log2 = p.scale_log2;

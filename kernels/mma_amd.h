@@ -76,12 +76,6 @@ __device__ __forceinline__ float quad_sum(float x)
 __device__ __forceinline__ float exp2_fast(float x) { return exp2f(x); }
 __device__ __forceinline__ float log2_fast(float x) { return log2f(x); }
 __device__ __forceinline__ float rcp_fast(float x) { return 1.f / x; }
-/* No tanh instruction: 1 - 2 / (e^{2x} + 1), whose absolute error is a few ulp of 1 (the
- * softcap scales it by c; saturates to +-1 as e^{2x} overflows or vanishes). */
-__device__ __forceinline__ float tanh_fast(float x)
-{
-    return 1.f - 2.f / (exp2f(2.f * 1.442695040888963407f * x) + 1.f);
-}
 
 /*
  * K/V/Q copies into LDS: synchronous 16-byte loads and stores.  The kernel's

@@ -9,7 +9,6 @@
  *   quad_max / quad_sum      reduce the 4 lanes that hold one accumulator row
  *   exp2_fast                ex2.approx (the scale is folded into the scores)
  *   log2_fast / rcp_fast     lg2.approx / rcp.approx
- *   tanh_fast                tanh.approx (the softcap; relative error about 2^-11)
  *
  * Fragment layout of m16n8k16 (lane = 4 * group + quad_lane):
  *   A: regs {0,1,2,3} hold rows {g, g+8, g, g+8}, cols {2q, 2q, 2q+8, 2q+8} (+1)
@@ -220,12 +219,6 @@ __device__ __forceinline__ float rcp_fast(float x)
 {
     float y;
     asm("rcp.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-    return y;
-}
-__device__ __forceinline__ float tanh_fast(float x)
-{
-    float y;
-    asm("tanh.approx.f32 %0, %1;\n" : "=f"(y) : "f"(x));
     return y;
 }
 
