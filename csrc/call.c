@@ -679,13 +679,6 @@ PyObject *fmha_call_combine(PyObject *module, PyObject *const *args, Py_ssize_t 
         goto done;
     if (fmha_validate_combine(&t) < 0)
         goto done;
-    if (t.sinks.present && t.outs.on_gpu) {
-        /* The GPU combine kernel does not fold sinks yet (issue 21). */
-        PyErr_SetString(PyExc_NotImplementedError, "sinks are not supported by the GPU combine "
-                        "yet; combine host arrays (the CPU backend folds the sinks in)");
-        goto done;
-    }
-
     int on_gpu = t.outs.on_gpu, device = t.outs.device_id;
     int64_t batch = t.outs.shape[1], seqlen_q = t.outs.shape[2], heads = t.outs.shape[3];
     int64_t out_shape[4] = {batch, seqlen_q, heads, t.outs.shape[4]};

@@ -122,11 +122,13 @@ static void gate_why(const fmha_plan *plan, const fmha_target *t, const fmha_gat
         return;
     case FMHA_GATE_FEATURES:
         feature_names(g->a, dims, sizeof dims);
-        if (g->met)
-            snprintf(buf, len, "no window, softcap or sinks asked for (the GPU kernels have none "
-                     "of them yet)");
+        if (!g->a)
+            snprintf(buf, len, "no window, softcap or sinks asked for");
+        else if (g->met)
+            snprintf(buf, len, "%s asked for: the tensor-core tiles run %s (not fwd_sm90 yet)",
+                     dims, (g->a & (g->a - 1)) ? "them" : "it");
         else
-            snprintf(buf, len, "%s asked for: the GPU kernels do not have %s yet", dims,
+            snprintf(buf, len, "%s asked for: the GPU kernels do not have %s", dims,
                      (g->a & (g->a - 1)) ? "them" : "it");
         return;
     default:
@@ -229,22 +231,33 @@ fail:
     return NULL;
 }
 
+/* The mask kind and the features in a kernel's name: ",causal", or ",window" (a window
+ * bounding some side) then ",softcap" and ",sinks" as asked (fwd_mma.h and fwd_sm90.h
+ * run the features in their window kind). */
+static void mask_text(const fmha_fwd_params *p, char *buf, size_t len)
+{
+    const int f = fmha_features(p);
+    snprintf(buf, len, "%s%s%s", (f & FMHA_FEATURE_WINDOW) ? ",window" : p->causal ? ",causal" : "",
+             (f & FMHA_FEATURE_SOFTCAP) ? ",softcap" : "", (f & FMHA_FEATURE_SINKS) ? ",sinks" : "");
+}
+
 /* The kernel's name, e.g. "fwd_decode<bfloat16,d128,pack_gqa>+merge+combine" or
  * "fwd_sm90<bfloat16,d128,causal,pingpong>"; "" unsupported. */
 static void kernel_name(const fmha_fwd_params *p, const fmha_plan *plan, char *buf, size_t len)
 {
+    char mask[48];
+    mask_text(p, mask, sizeof mask);
     if (!plan->supported)
         snprintf(buf, len, "%s", "");
     else if (plan->backend == FMHA_BACKEND_CPU)
         snprintf(buf, len, "cpu_tiled<%s,%s>", dtype_name(p->dtype), fmha_cpu_simd_name());
     else if (plan->kernel_id == FMHA_KERNEL_GPU_SM90)
         snprintf(buf, len, "fwd_sm90<%s,d%lld%s,%s>", dtype_name(p->dtype), (long long)p->head_dim,
-                 p->causal ? ",causal" : "",
-                 plan->schedule == FMHA_SM90_PINGPONG ? "pingpong" : "interleaved");
+                 mask, plan->schedule == FMHA_SM90_PINGPONG ? "pingpong" : "interleaved");
     else
         snprintf(buf, len, "fwd_%s<%s,d%lld%s%s>%s%s",
                  plan->kernel_id == FMHA_KERNEL_GPU_DECODE ? "decode" : "mma", dtype_name(p->dtype),
-                 (long long)p->head_dim, p->causal ? ",causal" : "", plan->pack_gqa ? ",pack_gqa" : "",
+                 (long long)p->head_dim, mask, plan->pack_gqa ? ",pack_gqa" : "",
                  plan->walkers_per_split > 1 ? "+merge" : "", plan->partials ? "+combine" : "");
 }
 
@@ -378,14 +391,14 @@ static void plan_reason(const fmha_fwd_params *p, const fmha_plan *plan, const f
         return;
     }
     split_text(plan, why, sizeof why);
+    char window[200] = "";
+    const fmha_split_why *w = &plan->split;
+    if (w->all_key_blocks > w->key_blocks)
+        snprintf(window, sizeof window, "; the window leaves a tile at most %lld of %lld key "
+                 "blocks (it skips at least %lld; splits count the visible ones)",
+                 (long long)w->key_blocks, (long long)w->all_key_blocks,
+                 (long long)(w->all_key_blocks - w->key_blocks));
     if (plan->backend == FMHA_BACKEND_CPU) {
-        char window[200] = "";
-        const fmha_split_why *w = &plan->split;
-        if (w->all_key_blocks > w->key_blocks)
-            snprintf(window, sizeof window, "; the window leaves a tile at most %lld of %lld key "
-                     "blocks (it skips at least %lld; splits count the visible ones)",
-                     (long long)w->key_blocks, (long long)w->all_key_blocks,
-                     (long long)(w->all_key_blocks - w->key_blocks));
         snprintf(buf, len, "CPU: %dx%d tiles on %lld threads; %s%s", plan->block_m, plan->block_n,
                  (long long)plan->split.units, why, window);
     } else if (plan->kernel_id == FMHA_KERNEL_GPU_SM90) {
@@ -401,11 +414,16 @@ static void plan_reason(const fmha_fwd_params *p, const fmha_plan *plan, const f
             snprintf(widen, sizeof widen, "; out_dtype %s: the producers write fp32 partials and "
                      "the combine writes out in %s, even with one split",
                      dtype_name(p->out_dtype), dtype_name(p->out_dtype));
-        snprintf(buf, len, "%s tensor-core tiles %dx%d%s%s; %s%s%s",
+        char features[96] = "";
+        if (fmha_features(p)) {
+            feature_names(fmha_features(p), features, sizeof features);
+            snprintf(features + strlen(features), sizeof features - strlen(features), " in them");
+        }
+        snprintf(buf, len, "%s tensor-core tiles %dx%d%s%s%s%s; %s%s%s%s",
                  plan->kernel_id == FMHA_KERNEL_GPU_DECODE ? "decode (few rows per kv head)" : "prefill",
                  plan->block_m, plan->block_n, plan->pack_gqa ? ", query heads of a kv head packed" : "",
-                 not_sm90, why, plan->kv_read_once ? "; K/V small next to L2: read with evict-first" : "",
-                 widen);
+                 features[0] ? ", " : "", features, not_sm90, why, window,
+                 plan->kv_read_once ? "; K/V small next to L2: read with evict-first" : "", widen);
     }
 }
 

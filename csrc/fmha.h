@@ -298,8 +298,8 @@ typedef enum fmha_gate_id {
     FMHA_GATE_DTYPE = 2,    /* a = fmha_dtype of q; b = of k/v (FMHA_DTYPE_E4M3: fp8 cache) */
     FMHA_GATE_HEAD_DIM = 3, /* a = head_dim; GPU: a row of fmha_config.h, CPU: 1..max */
     FMHA_GATE_ALIGNMENT = 4,/* GPU, always met: a = 1 when no operand needs staging */
-    FMHA_GATE_FEATURES = 5, /* GPU: window, softcap and sinks are not in the kernels yet;
-                               a = FMHA_FEATURE_* bits asked for */
+    FMHA_GATE_FEATURES = 5, /* GPU, always met (the tensor-core kernels run window, softcap
+                               and sinks); a = FMHA_FEATURE_* bits asked for */
     FMHA_GATE_COUNT
 } fmha_gate_id;
 

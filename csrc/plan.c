@@ -58,13 +58,14 @@ int fmha_features(const fmha_fwd_params *p)
  * A tile's query positions are consecutive (rows of one sequence), so with both sides
  * of the window bounded it sees at most rows + left + right keys, which a misaligned
  * start spreads over one more block.  A window open on one side hides no block from
- * every tile (the first or last tile still reaches the end), so all blocks count.
+ * every tile (the first or last tile still reaches the end), so all blocks count; so
+ * does a side at least as long as the keys (which also keeps the sum from overflowing).
  */
 int64_t fmha_visible_key_blocks(const fmha_fwd_params *p, int64_t rows, int block_n)
 {
     const int64_t all = fmha_num_key_blocks(p, block_n);
-    const int64_t right = fmha_window_right(p);
-    if (p->window_left < 0 || right < 0)
+    const int64_t right = fmha_window_right(p), keys = all * block_n;
+    if (p->window_left < 0 || right < 0 || p->window_left >= keys || right >= keys)
         return all;
     const int64_t span = (rows > 0 ? rows : 1) + p->window_left + right;
     const int64_t visible = ceil_div(span, block_n) + 1;
@@ -506,9 +507,9 @@ static void gpu_gate(const fmha_fwd_params *p, const fmha_target *t, fmha_plan *
     int row = 0;
     gate_add(plan, FMHA_GATE_HEAD_DIM, gpu_mma_config(p->head_dim, &tiles, &row), p->head_dim, 0);
     gate_add(plan, FMHA_GATE_ALIGNMENT, 1, gpu_rows_aligned(p), 0);
-    /* The kernels have no window, softcap or sinks yet (issue 21): the CPU runs them. */
-    const int features = fmha_features(p);
-    gate_add(plan, FMHA_GATE_FEATURES, features == 0, features, 0);
+    /* Window, softcap and sinks: the tensor-core kernels run them (the sm90 kernel does
+     * not yet: plan_gpu_kernel routes them away from it); a = the features asked for. */
+    gate_add(plan, FMHA_GATE_FEATURES, 1, fmha_features(p), 0);
 }
 
 /* The sm90 kernel addresses q, k, v and out through TMA tensor maps: every
@@ -642,10 +643,15 @@ static void plan_kernel(const fmha_fwd_params *p, const fmha_target *t, int kern
     const int64_t unsplit_waves = ceil_div(ceil_div(n_tiles, tiles.walkers), machine_slots(&gpu));
     const int ragged = requested == 0 && lengths_known && p->batch > 1 &&
                        unsplit_waves < FMHA_RAGGED_MAX_WAVES;
-    split_work w = {ragged ? n_tiles / p->batch : n_tiles, fmha_num_key_blocks(p, tiles.block_n),
+    /* A window hides key blocks from every tile: the splits share only the ones a tile
+     * sees (fwd_mma.h make_work), of its positions (all of them when heads are packed). */
+    const int64_t positions = plan->pack_gqa || p->seqlen_q < tiles.block_m ? p->seqlen_q : tiles.block_m;
+    split_work w = {ragged ? n_tiles / p->batch : n_tiles,
+                    fmha_visible_key_blocks(p, positions, tiles.block_n),
                     ragged ? ceil_div(p->total_keys, tiles.block_n) : 0, p->batch,
                     split_partial_cost(tiles.block_m, tiles.block_n), tiles.walkers, 1.0};
     plan_splits(requested, &w, &gpu, plan);
+    plan->split.all_key_blocks = fmha_num_key_blocks(p, tiles.block_n);
     /* Lengths on the device, not read here: chunks that fit any spread of them. */
     if (requested == 0 && !lengths_known && p->batch > 1 && (p->seqlens_k || p->cu_seqlens_k) &&
         unsplit_waves < FMHA_RAGGED_MAX_WAVES)

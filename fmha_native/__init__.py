@@ -378,9 +378,8 @@ def forward(q, k, v, **kw):
     ``max_seqlen_q`` / ``max_seqlen_k``: the longest sequence, a plan hint (device
     cu_seqlens are never read on the host).  Causal is bottom-right per sequence.
 
-    Model features (the CPU backend runs them; the GPU kernels do not have them yet, so
-    device="gpu" raises NotImplementedError and host arrays with device=None run on the
-    CPU): ``window=(left, right)``: query i at position p = i + len_k - len_q sees key j
+    Model features (both backends; on the GPU the tensor-core kernels run them):
+    ``window=(left, right)``: query i at position p = i + len_k - len_q sees key j
     iff p - left <= j <= p + right (-1: unbounded; causal=True sets right to 0).
     ``softcap=c`` (c > 0): every scaled score s becomes c * tanh(s / c) before the
     softmax.  ``sinks`` float32 [heads_q]: one logit per query head that joins the
@@ -455,7 +454,7 @@ def combine(outs, lses, **kw):
     they are equally spaced views of one buffer they are read in place, else stacked
     (a copy).  ``out`` may be exactly one of the partials (outs[g] itself, or that
     list item): every partial of a row is read before the row is written.  ``lse``
-    must not overlap lses.  ``sinks`` (float32 [heads], CPU only for now): attention-sink
+    must not overlap lses.  ``sinks`` (float32 [heads], where outs are): attention-sink
     logits folded in once, after the merge, so the combine of sink-free partials over
     KV shards equals one forward with those sinks.  torch calls made while torch traces or compiles go
     through the op fmha_native::combine (combine_out when out or lse is given).

@@ -7,9 +7,11 @@
  *
  * folded in a fixed order (below), so results are deterministic.  A split
  * with lse_g = -inf adds nothing; a row whose splits are all -inf gives
- * out = 0 and lse = -inf; a NaN partial gives NaN.  Used after the split
- * producers (also of packed sequences: cu_seqlens_q) and by
- * fmha_native.combine.
+ * out = 0 and lse = -inf; a NaN partial gives NaN.  Sinks (c.sinks, one logit
+ * per head) join the merged row's denominator once, after the merge (fold.h):
+ * a row whose splits are all empty then gives out = 0 and lse = its sink.
+ * Used after the split producers (also of packed sequences: cu_seqlens_q) and
+ * by fmha_native.combine.
  */
 #include "convert.h"
 #include "fold.h"
@@ -179,8 +181,11 @@ __global__ void __launch_bounds__(COMBINE_THREADS, 1) combine_kernel(const fmha_
                         for (int e = 0; e < VEC; e++)
                             out_v[e] += weighted(f, a[e]);
                     }
-                /* All splits empty: out = 0 and lse = -inf. */
-                const float inv = top == -INFINITY ? 0.f : 1.f / total;
+                /* All splits empty: out = 0 and lse = -inf (or the sink). */
+                float inv = top == -INFINITY ? 0.f : 1.f / total;
+                float lse = top == -INFINITY ? -INFINITY : top + logf(total);
+                if (c.sinks)
+                    fold_sink(lse, inv, c.sinks[h]);
                 /* The dry pass writes to a sink (select, not branch: one copy of the code). */
                 TOut *out = dry ? reinterpret_cast<TOut *>(s_acc) + (int64_t)state * shape.lanes * VEC + lane * VEC
                                 : static_cast<TOut *>(c.out) + b * c.o_batch_stride + i * c.o_row_stride +
@@ -190,8 +195,7 @@ __global__ void __launch_bounds__(COMBINE_THREADS, 1) combine_kernel(const fmha_
                     if (d + e < c.head_dim)
                         out[e] = store_as<TOut>(out_v[e] * inv);
                 if (c.lse && d == 0 && !dry)
-                    c.lse[b * c.lse_batch_stride + h * c.lse_head_stride + i * c.lse_row_stride] =
-                        top == -INFINITY ? -INFINITY : top + logf(total);
+                    c.lse[b * c.lse_batch_stride + h * c.lse_head_stride + i * c.lse_row_stride] = lse;
             }
             __syncthreads();
         }

@@ -1,7 +1,7 @@
 /*
  * fwd_mma.h: the tensor-core producer kernel, templated on element type,
- * head_dim, causal and split.  One CTA owns block_m query rows of one
- * (batch, head) pair, or, with pack_gqa, of one kv head with its query heads
+ * head_dim, mask kind (mask_kind below) and split.  One CTA owns block_m query
+ * rows of one (batch, head) pair, or, with pack_gqa, of one kv head with its query heads
  * interleaved into the rows, and walks the key blocks of its split:
  *
  *   S = Q K^T * scale * log2(e)           (mma, fp32 accumulate)
@@ -10,7 +10,9 @@
  *   O += P V                               (P stays in registers)
  *
  * and ends with O / l and lse = (m + log2 l) * ln 2, written either to the
- * output (one split) or to the split scratch for combine.hip.  K and V tiles
+ * output (one split) or to the split scratch for combine.hip.  With a softcap c
+ * the scores are c tanh(s / c) before the max, and a sink joins l in the
+ * epilogue (one split; the combine folds it after a split's merge).  K and V tiles
  * pass through a cp.async ring of `stages` shared-memory buffers.
  *
  * A walker is a group of warps (the whole CTA, or one warp of a decode CTA)
@@ -44,6 +46,21 @@
 namespace fmha {
 
 constexpr float LN2 = 0.693147180559945309f;
+constexpr float LOG2E = 1.442695040888963407f;
+
+/*
+ * Which keys a row sees besides the sequence's own (fwd_mma_kernel's MASK):
+ *   MASK_NONE    every key
+ *   MASK_CAUSAL  keys up to its diagonal
+ *   MASK_WINDOW  fmha.h's window [pos - left, pos + right] (causal: right = 0; -1
+ *                unbounds a side), and the other model features with it: the softcap
+ *                (a uniform branch per key block) and sinks (the epilogue).
+ * The features ride on the window kind so that the plain kinds' code stays as it
+ * was and the instantiations grow by half, not by a factor per feature; the
+ * launcher takes MASK_WINDOW whenever fmha_features() is not 0.
+ */
+enum mask_kind { MASK_NONE = 0, MASK_CAUSAL = 1, MASK_WINDOW = 2 };
+
 constexpr int ELEMS_PER_CHUNK = 8; /* 16-byte copies of 16-bit elements */
 
 /* Compile-time tile configuration: one instantiation per row of the tables in fmha_config.h. */
@@ -358,7 +375,42 @@ struct cta_work {
     }
 };
 
-template <int BLOCK_M, int BLOCK_N, bool CAUSAL, int WALKERS>
+/* A side of the window (fmha.h), -1 when unbounded; sides past any sequence's length are
+ * cut to 2^62, which sees the same keys and keeps position +- side from overflowing. */
+__device__ __forceinline__ int64_t window_side(int64_t side)
+{
+    constexpr int64_t FAR = (int64_t)1 << 62;
+    return side > FAR ? FAR : side;
+}
+__device__ __forceinline__ int64_t window_left(const fmha_fwd_params &p) { return window_side(p.window_left); }
+/* The right bound: causal's 0, else window_right. */
+__device__ __forceinline__ int64_t window_right(const fmha_fwd_params &p)
+{
+    return p.causal ? 0 : window_side(p.window_right);
+}
+
+/*
+ * MASK_WINDOW: the key blocks [first, end) that some row of the tile can see.  The
+ * tile's positions ascend with its rows, so its first row's window starts first and
+ * its last row's ends last; empty (first == end) when no row sees a key.
+ */
+struct block_span {
+    int64_t first, end;
+};
+template <int BLOCK_N>
+__device__ __forceinline__ block_span window_blocks(const fmha_fwd_params &p, int64_t first_pos, int64_t last_pos,
+                                                    int64_t len_k)
+{
+    const int64_t left = window_left(p), right = window_right(p);
+    int64_t lo = left < 0 ? 0 : first_pos - left;
+    lo = lo < 0 ? 0 : lo;
+    int64_t hi = right < 0 ? len_k - 1 : last_pos + right;
+    hi = hi < len_k - 1 ? hi : len_k - 1;
+    const int64_t first = lo / BLOCK_N;
+    return {first, hi < lo ? first : hi / BLOCK_N + 1};
+}
+
+template <int BLOCK_M, int BLOCK_N, int MASK, int WALKERS>
 __device__ __forceinline__ cta_work make_work(const fmha_fwd_params &p, int64_t unit)
 {
     /* A CTA of one walker never shares a split (and the compiler sees the step is 1). */
@@ -375,8 +427,10 @@ __device__ __forceinline__ cta_work make_work(const fmha_fwd_params &p, int64_t 
     /* Flattened pieces, rows fastest then heads: pieces that share K/V run together. */
     d = fmha_divide(d.q, m_blocks);
     /* Causal: the last query blocks see the most keys; start them first so the
-     * short ones fill the tail of the grid instead of the long ones. */
-    const int64_t m_block = CAUSAL ? m_blocks - 1 - d.r : d.r;
+     * short ones fill the tail of the grid instead of the long ones (a causal
+     * window: the first blocks see the fewest). */
+    const bool late_first = MASK == MASK_CAUSAL || (MASK == MASK_WINDOW && p.causal);
+    const int64_t m_block = late_first ? m_blocks - 1 - d.r : d.r;
     d = fmha_divide(d.q, slots);
     w.slot = d.r;
     d = fmha_divide(d.q, p.num_splits);
@@ -422,8 +476,23 @@ __device__ __forceinline__ cta_work make_work(const fmha_fwd_params &p, int64_t 
     w.diag = w.len_k - len_q;
 
     int64_t n_blocks = (w.len_k + BLOCK_N - 1) / BLOCK_N;
+    /* MASK_WINDOW: the splits share only the blocks [base, base + n_blocks) that the
+     * tile's rows see (the planner counts these), so the work grows with the window. */
+    int64_t base = 0;
+    if constexpr (MASK == MASK_WINDOW) {
+        const int64_t last_row = (w.row0 + BLOCK_M < w.rows ? w.row0 + BLOCK_M : w.rows) - 1;
+        const block_span seen = window_blocks<BLOCK_N>(p, w.query_of(w.row0) + w.diag,
+                                                       w.query_of(last_row) + w.diag, w.len_k);
+        base = seen.first;
+        n_blocks = seen.end - seen.first;
+    }
     int64_t per_split = p.split_blocks > 0 ? p.split_blocks
                                            : fmha_divide(n_blocks + p.num_splits - 1, p.num_splits).q;
+    if constexpr (MASK == MASK_WINDOW) {
+        /* The plan's chunk covers the visible blocks of any tile; never drop one if not. */
+        const int64_t even = fmha_divide(n_blocks + p.num_splits - 1, p.num_splits).q;
+        per_split = per_split > even ? per_split : even;
+    }
     /* Decode tiles: the splits interleave.  Of the `used` splits that hold blocks (fewer
      * than num_splits when the blocks run out), split s takes groups s, s + used, ... of
      * ws blocks, so all the splits of a tile walk the keys together: one moving window of
@@ -433,15 +502,15 @@ __device__ __forceinline__ cta_work make_work(const fmha_fwd_params &p, int64_t 
     int64_t first, step, end;
     if constexpr (WALKERS > 1) {
         const int64_t used = per_split > 0 ? fmha_divide(n_blocks + per_split - 1, per_split).q : 0;
-        first = (int64_t)w.split * ws + sub;
+        first = base + (int64_t)w.split * ws + sub;
         step = used * ws;
-        end = w.split < used ? n_blocks : 0;
+        end = w.split < used ? base + n_blocks : 0;
     } else {
-        first = w.split * per_split;
+        first = base + w.split * per_split;
         step = 1;
-        end = first + per_split < n_blocks ? first + per_split : n_blocks;
+        end = first + per_split < base + n_blocks ? first + per_split : base + n_blocks;
     }
-    if (CAUSAL) {
+    if constexpr (MASK == MASK_CAUSAL) {
         /* The last row of the tile sees keys up to last_query + len_k - len_q. */
         int64_t last_row = (w.row0 + BLOCK_M < w.rows ? w.row0 + BLOCK_M : w.rows) - 1;
         int64_t last_key = w.query_of(last_row) + w.diag;
@@ -461,23 +530,32 @@ template <int BLOCK_N> __device__ __forceinline__ int clamp_to_block(int64_t x)
     return x < -1 ? -1 : x > BLOCK_N ? BLOCK_N : (int)x;
 }
 
+/* The keys [first, last] each of a thread's rows may see (MASK_CAUSAL: last only;
+ * MASK_NONE: neither), as absolute key indices. */
+template <int MT> struct row_keys {
+    int64_t first[MT][ACC_ROWS], last[MT][ACC_ROWS];
+};
+
 /*
- * S entries of keys at block offset >= keys_left (past the end) or above a
- * row's causal limit become -inf.  Offsets are block-relative ints, so the
- * compares are cheap; float e of each MMA_N-key tile is key column
- * acc_col(lane) + e % ACC_COLS of row slot e / ACC_COLS (mma_*.h).
+ * S entries of keys at block offset >= keys_left (past the end), above a
+ * row's last visible key or (window) below its first become -inf.  Offsets
+ * are block-relative ints, so the compares are cheap; float e of each
+ * MMA_N-key tile is key column acc_col(lane) + e % ACC_COLS of row slot
+ * e / ACC_COLS (mma_*.h).
  */
-template <bool CAUSAL, int MT, int NT>
-__device__ __forceinline__ void mask_block(float (&s)[MT][NT][4], int keys_left,
-                                           const int64_t (&key_limit)[MT][ACC_ROWS], int64_t key0, int lane)
+template <int MASK, int MT, int NT>
+__device__ __forceinline__ void mask_block(float (&s)[MT][NT][4], int keys_left, const row_keys<MT> &keys,
+                                           int64_t key0, int lane)
 {
     constexpr int BLOCK_N = NT * MMA_N;
-    int last_visible[MT][ACC_ROWS];
+    int first_visible[MT][ACC_ROWS], last_visible[MT][ACC_ROWS];
 #pragma unroll
     for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-        for (int half = 0; half < ACC_ROWS; half++)
-            last_visible[mt][half] = CAUSAL ? clamp_to_block<BLOCK_N>(key_limit[mt][half] - key0) : BLOCK_N;
+        for (int half = 0; half < ACC_ROWS; half++) {
+            last_visible[mt][half] = MASK != MASK_NONE ? clamp_to_block<BLOCK_N>(keys.last[mt][half] - key0) : BLOCK_N;
+            first_visible[mt][half] = MASK == MASK_WINDOW ? clamp_to_block<BLOCK_N>(keys.first[mt][half] - key0) : 0;
+        }
     const int col = acc_col(lane);
 #pragma unroll
     for (int mt = 0; mt < MT; mt++)
@@ -486,9 +564,54 @@ __device__ __forceinline__ void mask_block(float (&s)[MT][NT][4], int keys_left,
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 const int key = nt * MMA_N + col + e % ACC_COLS;
-                if (key >= keys_left || key > last_visible[mt][e / ACC_COLS])
+                if (key >= keys_left || key > last_visible[mt][e / ACC_COLS] ||
+                    (MASK == MASK_WINDOW && key < first_visible[mt][e / ACC_COLS]))
                     s[mt][nt][e] = -INFINITY;
             }
+}
+
+/*
+ * tanh for the softcap, as 1 - 2 / (e^{2x} + 1) from the fast exp2 and reciprocal:
+ * its absolute error is a few ulp of 1 (about 3e-7) over the whole range, so the capped
+ * score c tanh(s / c) is off by about c * 3e-7, far below the 16-bit rounding of P even
+ * at caps of 50.  It saturates to +-1 as e^{2x} overflows or vanishes.  (tanh.approx is
+ * one special-function op instead of two, but its relative error of about 2^-11 puts an
+ * error of |s| 2^-11 into the exponent: 1e-2 at capped scores of 20, above fp16's
+ * rounding of P.)
+ */
+__device__ __forceinline__ float softcap_tanh(float x)
+{
+    return 1.f - 2.f * rcp_fast(exp2_fast(2.f * LOG2E * x) + 1.f);
+}
+
+/*
+ * The scores of a key block in the kernel's log2 units: S * scale_log2, or with a
+ * softcap c (MASK_WINDOW, p.softcap > 0, a uniform branch) c tanh(s / c) of the
+ * scaled score s = S * softmax_scale, taken in natural units and then times log2(e):
+ * (c log2 e) tanh(S * softmax_scale / c).
+ */
+template <int MASK, int MT, int NT>
+__device__ __forceinline__ void scale_scores(float (&s)[MT][NT][4], const fmha_fwd_params &p)
+{
+    if (MASK == MASK_WINDOW && p.softcap > 0.f) {
+        const float in = p.softmax_scale / p.softcap, out = p.softcap * LOG2E;
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    s[mt][nt][e] = out * softcap_tanh(s[mt][nt][e] * in);
+        return;
+    }
+    const float scale_log2 = p.scale_log2;
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                s[mt][nt][e] *= scale_log2;
 }
 
 /* Where a tile's rows stand in the online softmax: running max and sum per row. */
@@ -498,27 +621,22 @@ template <int MT> struct softmax_state {
 
 /*
  * One key block of the online softmax, in place: S -> P = exp2(S * scale_log2
- * - m_new) with keys past the end or above the diagonal masked (only the last
- * and diagonal blocks need it: one uniform branch skips the rest).  Updates
- * the running max and sum and returns in `rescale` the factor exp2(m - m_new)
- * that the rows accumulated so far must take.
+ * - m_new) (scale_scores: with the softcap) with keys past the end or outside a
+ * row's causal limit or window masked (only the blocks outside [mask_free_begin,
+ * mask_free_end) need it: one uniform branch skips the rest).  Masking comes after
+ * the cap, so a masked key stays -inf.  Updates the running max and sum and returns
+ * in `rescale` the factor exp2(m - m_new) that the rows accumulated so far must take.
  */
-template <bool CAUSAL, int MT, int NT>
+template <int MASK, int MT, int NT>
 __device__ __forceinline__ void softmax_block(float (&s)[MT][NT][4], softmax_state<MT> &st,
-                                              float (&rescale)[MT][ACC_ROWS], float scale_log2,
-                                              int64_t key0, int64_t mask_free_end, int64_t len_k,
-                                              const int64_t (&key_limit)[MT][ACC_ROWS], int lane)
+                                              float (&rescale)[MT][ACC_ROWS], const fmha_fwd_params &p,
+                                              int64_t key0, int64_t mask_free_begin, int64_t mask_free_end,
+                                              int64_t len_k, const row_keys<MT> &keys, int lane)
 {
     constexpr int BLOCK_N = NT * MMA_N;
-#pragma unroll
-    for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-        for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-            for (int e = 0; e < 4; e++)
-                s[mt][nt][e] *= scale_log2;
-    if (key0 + BLOCK_N > mask_free_end)
-        mask_block<CAUSAL>(s, clamp_to_block<BLOCK_N>(len_k - key0), key_limit, key0, lane);
+    scale_scores<MASK>(s, p);
+    if (key0 + BLOCK_N > mask_free_end || (MASK == MASK_WINDOW && key0 < mask_free_begin))
+        mask_block<MASK>(s, clamp_to_block<BLOCK_N>(len_k - key0), keys, key0, lane);
 #pragma unroll
     for (int mt = 0; mt < MT; mt++)
 #pragma unroll
@@ -993,16 +1111,18 @@ template <typename T, typename cfg, bool PAGED> struct kv_ring {
 
 /*
  * The online softmax of one walker's rows: the running max and sum, and which
- * keys each of this thread's rows may see (keys past len_k never; with CAUSAL
- * none past the row's limit).  Blocks that end at or before free_end need no
- * mask at all: the tile's first row sees the fewest keys.
+ * keys each of this thread's rows may see (keys past len_k never; with
+ * MASK_CAUSAL none past the row's limit; with MASK_WINDOW none outside its
+ * window).  Blocks inside [free_begin, free_end) need no mask at all: the tile's
+ * first row sees the fewest keys at the end, its last row (window) the fewest at
+ * the start.
  */
-template <bool CAUSAL, typename cfg> struct online_softmax {
+template <int MASK, typename cfg> struct online_softmax {
     using shape = walker_shape<cfg>;
     static constexpr int MT = shape::MT, NT = shape::NT;
     softmax_state<MT> st;
-    int64_t last_key[MT][ACC_ROWS];
-    int64_t free_end, len_k;
+    row_keys<MT> keys;
+    int64_t free_begin, free_end, len_k;
     int lane;
 
     __device__ __forceinline__ online_softmax(const fmha_fwd_params &p, const cta_work &w,
@@ -1016,10 +1136,26 @@ template <bool CAUSAL, typename cfg> struct online_softmax {
             for (int half = 0; half < ACC_ROWS; half++) {
                 int64_t row =
                     w.row0 + me.warp * shape::WARP_M + mt * MMA_M + acc_row(me.lane) + half * ACC_ROW_STRIDE;
-                last_key[mt][half] = w.query_of(row < w.rows ? row : w.rows - 1) + w.diag;
+                const int64_t pos = w.query_of(row < w.rows ? row : w.rows - 1) + w.diag;
+                keys.last[mt][half] = pos;
+                if constexpr (MASK == MASK_WINDOW) {
+                    /* Unbounded sides: limits no key of the sequence reaches. */
+                    const int64_t left = window_left(p), right = window_right(p);
+                    keys.last[mt][half] = right < 0 ? w.len_k : pos + right;
+                    keys.first[mt][half] = left < 0 ? -1 : pos - left;
+                }
             }
         const int64_t first_limit = w.query_of(w.row0) + w.diag;
-        free_end = CAUSAL ? (first_limit + 1 < w.len_k ? first_limit + 1 : w.len_k) : w.len_k;
+        free_begin = 0;
+        free_end = MASK == MASK_CAUSAL ? (first_limit + 1 < w.len_k ? first_limit + 1 : w.len_k) : w.len_k;
+        if constexpr (MASK == MASK_WINDOW) {
+            const int64_t left = window_left(p), right = window_right(p);
+            const int64_t last_row = (w.row0 + shape::BLOCK_M < w.rows ? w.row0 + shape::BLOCK_M : w.rows) - 1;
+            if (right >= 0 && first_limit + right + 1 < free_end)
+                free_end = first_limit + right + 1;
+            if (left >= 0)
+                free_begin = w.query_of(last_row) + w.diag - left;
+        }
 #pragma unroll
         for (int mt = 0; mt < MT; mt++)
 #pragma unroll
@@ -1033,10 +1169,10 @@ template <bool CAUSAL, typename cfg> struct online_softmax {
     /* Key block n_block: S -> P = exp2(S * scale_log2 - m_new), m and l updated; `rescale` is
      * exp2(m_old - m_new), the factor the O rows so far must take. */
     __device__ __forceinline__ void update(float (&s)[MT][NT][4], int n_block, float (&rescale)[MT][ACC_ROWS],
-                                           float scale_log2)
+                                           const fmha_fwd_params &p)
     {
-        softmax_block<CAUSAL>(s, st, rescale, scale_log2, (int64_t)n_block * shape::BLOCK_N, free_end, len_k,
-                              last_key, lane);
+        softmax_block<MASK>(s, st, rescale, p, (int64_t)n_block * shape::BLOCK_N, free_begin, free_end, len_k,
+                            keys, lane);
     }
 };
 
@@ -1067,7 +1203,7 @@ __device__ __forceinline__ void walk_keys(O &o, Softmax &softmax, const Math &ma
         ring.wait(in_flight<shape::STAGES - 1>());
         float s[shape::MT][shape::NT][4], rescale[shape::MT][ACC_ROWS];
         math.scores(s, stage);                  /* S = Q K^T */
-        softmax.update(s, w.block(j), rescale, p.scale_log2); /* P = exp2(S - m_new); m, l */
+        softmax.update(s, w.block(j), rescale, p); /* P = exp2(S - m_new); m, l */
         rescale_rows(o, rescale);               /* O *= exp2(m_old - m_new) */
         math.accumulate(o, s, stage);           /* O += P V */
         ring.refill(j, stage);
@@ -1093,7 +1229,7 @@ __device__ __forceinline__ void walk_keys_overlapped(O &o, Softmax &softmax, con
     uint32_t pa[shape::BLOCK_N / MMA_K][4];
     ring.wait(in_flight<STAGES - 1>());
     math.scores(s, 0);                      /* S(0) = Q K(0)^T */
-    softmax.update(s, w.block(0), rescale, p.scale_log2); /* O is still zero: no rescale */
+    softmax.update(s, w.block(0), rescale, p); /* O is still zero: no rescale */
     math.p_operands(pa, s);
     /* Every block but the last: the wgmma groups are the same each time (no group
      * under a condition), so ptxas can track what wait<1> retires. */
@@ -1103,7 +1239,7 @@ __device__ __forceinline__ void walk_keys_overlapped(O &o, Softmax &softmax, con
         math.scores_async(s, (stage + 1) % STAGES); /* S(j+1) = Q K(j+1)^T */
         math.accumulate_async(o, pa, stage);       /* O += P(j) V(j) */
         math.template wait<1>(s);
-        softmax.update(s, w.block(j + 1), rescale, p.scale_log2); /* while P(j) V(j) runs */
+        softmax.update(s, w.block(j + 1), rescale, p); /* while P(j) V(j) runs */
         math.template wait<0>(o);
         rescale_rows(o, rescale); /* O *= exp2(m_old - m_new) */
         math.p_operands(pa, s);
@@ -1137,11 +1273,13 @@ template <int BLOCK_M, int HEAD_DIM> struct merge_area {
  * Epilogue: O / l and the LSE (log2 units here) of this thread's rows; rows
  * that saw no key give 0 and -inf.  Alone, a walker writes them out (the
  * output, or its split's partials); walkers sharing a split `park` them in
- * their merge areas for merge_walkers.
+ * their merge areas for merge_walkers.  `sinks` (nullptr: none; never for
+ * partials) join the rows' denominators as they are written (fold.h).
  */
 template <typename cfg, typename Addr, typename Softmax, typename O>
 __device__ __forceinline__ void write_rows(const O &o, const Softmax &softmax, const Addr &at, const cta_work &w,
-                                           const walker_thread<cfg> &me, bool park, unsigned char *walker_smem)
+                                           const walker_thread<cfg> &me, bool park, unsigned char *walker_smem,
+                                           const float *sinks)
 {
     using shape = walker_shape<cfg>;
     constexpr int MT = shape::MT, DT = shape::DT;
@@ -1175,13 +1313,16 @@ __device__ __forceinline__ void write_rows(const O &o, const Softmax &softmax, c
             if (row >= w.rows)
                 continue;
             const int64_t i = w.query_of(row), h = w.head_of(row);
+            float row_inv = inv, row_lse = lse * LN2;
+            if (sinks)
+                fold_sink(row_lse, row_inv, sinks[h]);
             const auto dst = at.o_row(i, h) + acc_col(lane);
 #pragma unroll
             for (int dt = 0; dt < DT; dt++)
-                store_row(dst, dt * MMA_N, &o[mt][dt][half * ACC_COLS], inv);
+                store_row(dst, dt * MMA_N, &o[mt][dt][half * ACC_COLS], row_inv);
             float *slot = acc_row_leader(lane) ? at.lse_slot(i, h) : nullptr;
             if (slot)
-                *slot = lse * LN2;
+                *slot = row_lse;
         }
 }
 
@@ -1193,11 +1334,11 @@ __device__ __forceinline__ void write_rows(const O &o, const Softmax &softmax, c
  * slowest walker is still parking); an item is 4 features (one 16-byte shared
  * read per walker), so a tile of 4 valid rows gives every warp of the CTA
  * one, and the 1/total and log2 total are the approximate ones (total >= 1:
- * the top walker weighs 1).
+ * the top walker weighs 1).  `sinks` (nullptr: none) join the merged rows.
  */
 template <typename cfg, typename Addr>
 __device__ __forceinline__ void merge_walkers(const Addr &at, const cta_work &w, int ws, unsigned char *smem_raw,
-                                              const walker_thread<cfg> &me)
+                                              const walker_thread<cfg> &me, const float *sinks)
 {
     using shape = walker_shape<cfg>;
     constexpr int BLOCK_M = shape::BLOCK_M, HEAD_DIM = shape::HEAD_DIM, THREADS = shape::THREADS;
@@ -1210,6 +1351,7 @@ __device__ __forceinline__ void merge_walkers(const Addr &at, const cta_work &w,
     const int idx0 = (me.walker - first) * THREADS + me.tid;
     typename Addr::out_t *dst[ITEMS];
     float *slot[ITEMS];
+    float sink[ITEMS];
     int items = 0;
 #pragma unroll
     for (int k = 0; k < ITEMS; k++) {
@@ -1219,6 +1361,7 @@ __device__ __forceinline__ void merge_walkers(const Addr &at, const cta_work &w,
         const fmha_qr ih = w.place(w.row0 + r);
         dst[k] = at.o_row(ih.q, ih.r);
         slot[k] = idx % PER_ROW == 0 ? at.lse_slot(ih.q, ih.r) : nullptr;
+        sink[k] = sinks ? sinks[ih.r] : 0.f;
         items = k + 1;
     }
     __syncthreads();
@@ -1258,6 +1401,17 @@ __device__ __forceinline__ void merge_walkers(const Addr &at, const cta_work &w,
             for (int c = 0; c < VEC; c++)
                 acc[c] += weighted(f, x[i][c]);
         }
+        if (sinks) {
+            float inv = top == -INFINITY ? 0.f : rcp_fast(total);
+            float lse_row = top == -INFINITY ? -INFINITY : (top + log2_fast(total)) * LN2;
+            fold_sink(lse_row, inv, sink[k]);
+#pragma unroll
+            for (int c = 0; c < VEC; c += ACC_COLS)
+                store_row(dst[k], col + c, acc + c, inv);
+            if (slot[k])
+                *slot[k] = lse_row;
+            continue;
+        }
         const float inv = top == -INFINITY ? 0.f : rcp_fast(total);
 #pragma unroll
         for (int c = 0; c < VEC; c += ACC_COLS)
@@ -1273,7 +1427,7 @@ __device__ __forceinline__ void merge_walkers(const Addr &at, const cta_work &w,
  * main loop (walk_keys), then writes its rows (write_rows) or merges them
  * with the other walkers of its split (merge_walkers).
  */
-template <typename T, typename cfg, bool CAUSAL, bool SPLIT, bool PAGED>
+template <typename T, typename cfg, int MASK, bool SPLIT, bool PAGED>
 __global__ void __launch_bounds__(cfg::warps * WARP_LANES, cfg::ctas_per_sm)
 fwd_mma_kernel(const fmha_fwd_params p)
 {
@@ -1291,7 +1445,7 @@ fwd_mma_kernel(const fmha_fwd_params p)
     T *s_k = s_q + shape::q_tile::ELEMS;
     T *s_v = s_k + shape::STAGES * shape::kv_tile::ELEMS;
 
-    const cta_work w = make_work<shape::BLOCK_M, shape::BLOCK_N, CAUSAL, cfg::walkers>(
+    const cta_work w = make_work<shape::BLOCK_M, shape::BLOCK_N, MASK, cfg::walkers>(
         p, (int64_t)blockIdx.x * cfg::walkers + walker);
     const walker_thread<cfg> me(walker, tid);
     const tile_addresses<T, shape::HEAD_DIM, SPLIT> at(p, w);
@@ -1303,7 +1457,7 @@ fwd_mma_kernel(const fmha_fwd_params p)
 
     float o[shape::MT][shape::DT][4];
     zero_rows(o);
-    online_softmax<CAUSAL, cfg> softmax(p, w, me);
+    online_softmax<MASK, cfg> softmax(p, w, me);
     const tile_math<T, cfg, shape::WGMMA> math(s_q, s_k, s_v, me.warp, me.lane);
     if constexpr (shape::WGMMA && shape::STAGES >= 3)
         walk_keys_overlapped<cfg>(o, softmax, math, ring, w, p);
@@ -1314,9 +1468,11 @@ fwd_mma_kernel(const fmha_fwd_params p)
     fmha_trigger_dependents();
 
     const bool merge = cfg::walkers > 1 && p.walkers_per_split > 1;
-    write_rows(o, softmax, at, w, me, merge, walker_smem);
+    /* Sinks join the finished rows; split partials never hold them (the combine folds them). */
+    const float *sinks = MASK == MASK_WINDOW && !SPLIT ? p.sinks : nullptr;
+    write_rows(o, softmax, at, w, me, merge, walker_smem, sinks);
     if (merge)
-        merge_walkers(at, w, p.walkers_per_split, smem_raw, me);
+        merge_walkers(at, w, p.walkers_per_split, smem_raw, me, sinks);
 }
 
 /* Dynamic shared memory of one CTA of the kernel above. */

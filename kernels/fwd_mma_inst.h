@@ -1,7 +1,8 @@
 /*
  * fwd_mma_inst.h: instantiates the tensor-core producer for one head_dim
- * (FMHA_HEAD_DIM, set by the including fwd_d<hd>.hip) over dtype x causal x
- * split x paged K/V, and defines launch_fwd_mma_d<hd>.  One translation unit per head_dim
+ * (FMHA_HEAD_DIM, set by the including fwd_d<hd>.hip) over dtype x mask kind
+ * (none, causal, window with the other model features) x split x paged K/V, and
+ * defines launch_fwd_mma_d<hd>.  One translation unit per head_dim
  * keeps the parallel build fast.
  */
 #include "fwd_mma.h"
@@ -42,7 +43,7 @@ template <typename Kernel> hipError_t allow_smem(Kernel kernel, int smem)
 template <typename cfg> int occupancy()
 {
     constexpr int smem = fwd_mma_smem_bytes<cfg>();
-    auto kernel = fwd_mma_kernel<fmha_bf16, cfg, false, true, false>;
+    auto kernel = fwd_mma_kernel<fmha_bf16, cfg, MASK_NONE, true, false>;
     int ctas = 0;
     if (allow_smem(kernel, smem) != hipSuccess ||
         hipOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, kernel, cfg::warps * WARP_LANES, smem) != hipSuccess) {
@@ -52,11 +53,11 @@ template <typename cfg> int occupancy()
     return ctas;
 }
 
-template <typename T, typename cfg, bool CAUSAL, bool SPLIT, bool PAGED>
+template <typename T, typename cfg, int MASK, bool SPLIT, bool PAGED>
 fmha_status launch_variant(const fmha_fwd_params &p)
 {
     constexpr int smem = fwd_mma_smem_bytes<cfg>();
-    auto kernel = fwd_mma_kernel<T, cfg, CAUSAL, SPLIT, PAGED>;
+    auto kernel = fwd_mma_kernel<T, cfg, MASK, SPLIT, PAGED>;
     /* The attribute is per device: set it once for each (a bit per ordinal). */
     static std::atomic<uint64_t> smem_allowed{0};
     const uint64_t bit = p.device < 64 ? 1ull << p.device : 0;
@@ -83,12 +84,19 @@ fmha_status launch_variant(const fmha_fwd_params &p)
     return err == hipSuccess ? FMHA_OK : record_error("fwd_mma_kernel", err);
 }
 
+/* The plan's partials: fp32 partials for the combine (splits, or an out_dtype of its own). */
+template <typename T, typename cfg, int MASK, bool PAGED> fmha_status launch_split(const fmha_fwd_params &p)
+{
+    return p.partials ? launch_variant<T, cfg, MASK, true, PAGED>(p)
+                      : launch_variant<T, cfg, MASK, false, PAGED>(p);
+}
+
+/* Any model feature (a window, a softcap, sinks) takes the window kind (fwd_mma.h mask_kind). */
 template <typename T, typename cfg, bool PAGED> fmha_status launch_mask(const fmha_fwd_params &p)
 {
-    bool split = p.partials; /* the plan's: fp32 partials for the combine */
-    if (p.causal)
-        return split ? launch_variant<T, cfg, true, true, PAGED>(p) : launch_variant<T, cfg, true, false, PAGED>(p);
-    return split ? launch_variant<T, cfg, false, true, PAGED>(p) : launch_variant<T, cfg, false, false, PAGED>(p);
+    if (fmha_features(&p))
+        return launch_split<T, cfg, MASK_WINDOW, PAGED>(p);
+    return p.causal ? launch_split<T, cfg, MASK_CAUSAL, PAGED>(p) : launch_split<T, cfg, MASK_NONE, PAGED>(p);
 }
 
 template <typename T, typename cfg> fmha_status launch_tiles(const fmha_fwd_params &p)

@@ -203,6 +203,7 @@ fmha_combine_params scratch_combine(const fmha_fwd_params &p)
     c.lse_batch_stride = p.lse_batch_stride;
     c.lse_head_stride = p.lse_head_stride;
     c.lse_row_stride = p.lse_row_stride;
+    c.sinks = p.sinks; /* the partials hold no sink: the combine folds it after the merge */
     c.stream = p.stream;
     c.device = p.device;
     return c;

@@ -2,10 +2,10 @@
 attention sinks, alone and together, in every mode the CPU runs (dense, KV cache with
 append, paged, packed, splits), combine with sinks, the head dims 1..512, bad input, and
 what explain() says.  Expected values come from fmha_native.reference only, which is
-itself checked here against a per-element loop.  The GPU kernels do not have these
-features yet: with a GPU present its tests assert the clean refusal (NotImplementedError
-that leads with the unmet requirement); without one they skip.  The GPU gate item itself
-is checked on CPU CI through the planner hook _plan_for_device."""
+itself checked here against a per-element loop.  The GPU plan for the features (the
+tensor-core tiles run them, block skipping in the split rule) is checked on CPU CI
+through the planner hook _plan_for_device; the GPU kernels themselves are tested in
+test_gpu_features.py."""
 import math
 
 import numpy as np
@@ -14,7 +14,7 @@ import pytest
 import _fmha_native
 import fmha_native
 from fmha_native import reference
-from _harness import (NO_GPU_REASON, as_f64, assert_close, gpu_devices, make_qkv, packed,
+from _harness import (as_f64, assert_close, make_qkv, packed,
                       paged_cache, randn)
 
 FEATURE_KEYWORDS = ("window", "softcap", "sinks")
@@ -490,52 +490,68 @@ def test_windowed_prefill_tiles_skip_blocks_outside_their_windows():
                      ref[1][:, :, rows], "f32")
 
 
-# --------------------------------------------------------------- the GPU gate
+# --------------------------------------------------------------- the GPU plan
 
 H100 = dict(name="NVIDIA H100 80GB HBM3", arch="sm_90", cc=(9, 0), sm_count=132,
             l2_bytes=50 << 20, max_smem_per_block=227 << 10, max_smem_per_sm=228 << 10)
+H100_SM90 = dict(H100, archs_built=["80", "90a"])
+PREFILL = dict(batch=1, seqlen_q=4096, seqlen_k=4096, heads_q=32, heads_kv=8, head_dim=128,
+               dtype="bfloat16", causal=1)
 
 
-@pytest.mark.parametrize("extra, named", [(dict(window_left=128), "window"),
-                                          (dict(window_right=3), "window"),
-                                          (dict(softcap=30), "softcap"),
-                                          (dict(sinks=1), "sinks"),
-                                          (dict(window_left=8, softcap=5, sinks=1),
-                                           "window, softcap and sinks")])
-def test_gpu_gate_refuses_the_features(extra, named):
-    problem = dict(batch=1, seqlen_q=1, seqlen_k=4096, heads_q=32, heads_kv=8, head_dim=128,
-                   dtype="bfloat16", causal=0)
-    plan = _fmha_native._plan_for_device(problem, H100)
+@pytest.mark.parametrize("extra, named, in_name", [
+    (dict(window_left=128), "window", ",window"),
+    (dict(causal=0, window_right=3), "window", ",window"),
+    (dict(softcap=30), "softcap", ",causal,softcap"),
+    (dict(sinks=1), "sinks", ",causal,sinks"),
+    (dict(window_left=8, softcap=5, sinks=1), "window, softcap and sinks", ",window,softcap,sinks")])
+@pytest.mark.parametrize("seqlen_q", [1, 4096])
+def test_gpu_plan_runs_the_features_in_the_tensor_core_tiles(extra, named, in_name, seqlen_q):
+    """The GPU gate admits every feature; the sm90 kernel has none of them yet, so the
+    planner takes the tensor-core tiles (prefill or decode) and explain says so."""
+    problem = dict(PREFILL, seqlen_q=seqlen_q)
+    plain = _fmha_native._plan_for_device(problem, H100_SM90)
+    assert plain["supported"] is True
+    assert plain["gate"]["features"]["why"].startswith("no window, softcap or sinks")
+    plan = _fmha_native._plan_for_device(dict(problem, **extra), H100_SM90)
     assert plan["supported"] is True and plan["gate"]["features"]["met"] is True
-    plan = _fmha_native._plan_for_device(dict(problem, **extra), H100)
-    assert plan["supported"] is False and plan["gate"]["features"]["met"] is False
-    assert plan["reason"].startswith(named), plan["reason"]
-    assert all(item["met"] for name, item in plan["gate"].items() if name != "features")
+    assert plan["gate"]["features"]["why"].startswith(named + " asked for: the tensor-core tiles")
+    assert plan["kernel"].startswith("fwd_decode<" if seqlen_q == 1 else "fwd_mma<"), plan["kernel"]
+    assert in_name + (",pack_gqa" if seqlen_q == 1 else "") + ">" in plan["kernel"], plan["kernel"]
+    assert named + " in them" in plan["reason"], plan["reason"]
+    if seqlen_q > 1:
+        assert plain["kernel"].startswith("fwd_sm90<"), plain["kernel"]
+        assert "not fwd_sm90: " + named + ": it has no window, softcap or sinks" in plan["reason"]
 
 
-def test_gpu_gate_takes_causal_alone_and_an_unbounded_window():
-    problem = dict(batch=1, seqlen_q=64, seqlen_k=4096, heads_q=32, heads_kv=8, head_dim=128,
-                   dtype="bfloat16", causal=1, window_left=-1, window_right=-1)
-    assert _fmha_native._plan_for_device(problem, H100)["supported"] is True
+def test_gpu_plan_takes_causal_alone_and_an_unbounded_window_as_plain():
+    problem = dict(PREFILL, seqlen_q=64, window_left=-1, window_right=-1)
+    plan = _fmha_native._plan_for_device(problem, H100)
+    assert plan["supported"] is True
+    assert plan["kernel"].startswith("fwd_mma<bfloat16,d128,causal>"), plan["kernel"]
+    assert "in them" not in plan["reason"]
 
 
-def test_device_gpu_refuses_the_features_cleanly():
-    if not gpu_devices():
-        pytest.skip(NO_GPU_REASON)
-    rng = np.random.default_rng(3400)
-    q, k, v = make_qkv(rng, 1, 4, 64, 4, 2, 64, "f16")
-    for kw, named in ((dict(window=(8, 0)), "window"), (dict(softcap=5.0), "softcap"),
-                      (dict(sinks=np.zeros(4, np.float32)), "sinks")):
-        with pytest.raises(NotImplementedError, match=r"^" + named):
-            fmha_native.forward(q, k, v, device="gpu", **kw)
-        plan = fmha_native.explain(q, k, v, device="gpu", **kw)
-        assert plan["gate"]["features"]["met"] is False
-        # Host arrays with device=None: the CPU runs it and explain says why.
-        plan = fmha_native.explain(q, k, v, **kw)
-        assert plan["backend"] == "cpu" and plan["gpu_rejected"]["gate"]["features"]["met"] is False
-        ref = reference.forward(q, k, v, **kw)
-        out, lse = fmha_native.forward(q, k, v, **kw)
-        assert_close(as_f64(out), as_f64(lse), ref[0], ref[1], "f16")
+@pytest.mark.parametrize("seqlen_q", [1, 4096])
+def test_gpu_plan_counts_only_the_visible_key_blocks(seqlen_q):
+    """As on the CPU: a window makes the GPU split rule's block count (and a forced
+    num_splits' clamp) independent of seqlen_k, and explain says how many a tile skips."""
+    counts = []
+    for seqlen_k in (8192, 131072):
+        problem = dict(PREFILL, seqlen_q=seqlen_q, seqlen_k=seqlen_k, window_left=1024)
+        plan = _fmha_native._plan_for_device(problem, H100)
+        split = plan["split"]
+        assert split["all_key_blocks"] == -(-seqlen_k // plan["block_n"])
+        rows = seqlen_q if plan["pack_gqa"] else min(plan["block_m"], seqlen_q)
+        assert split["key_blocks"] == -(-(rows + 1024) // plan["block_n"]) + 1
+        assert "skips" in plan["reason"], plan["reason"]
+        counts.append(split["key_blocks"])
+        forced = _fmha_native._plan_for_device(problem, H100, num_splits=256)
+        assert forced["num_splits"] == split["key_blocks"]
+        plain = _fmha_native._plan_for_device(dict(problem, window_left=-1), H100)
+        assert plain["split"]["key_blocks"] == split["all_key_blocks"]
+        assert "skips" not in plain["reason"]
+    assert counts[0] == counts[1]
 
 
 # --------------------------------------------------------------- torch ops
