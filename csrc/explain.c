@@ -125,8 +125,8 @@ static void gate_why(const fmha_plan *plan, const fmha_target *t, const fmha_gat
         if (!g->a)
             snprintf(buf, len, "no window, softcap or sinks asked for");
         else if (g->met)
-            snprintf(buf, len, "%s asked for: the tensor-core tiles run %s (not fwd_sm90 yet)",
-                     dims, (g->a & (g->a - 1)) ? "them" : "it");
+            snprintf(buf, len, "%s asked for: every GPU kernel runs %s", dims,
+                     (g->a & (g->a - 1)) ? "them" : "it");
         else
             snprintf(buf, len, "%s asked for: the GPU kernels do not have %s", dims,
                      (g->a & (g->a - 1)) ? "them" : "it");

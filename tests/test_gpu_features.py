@@ -75,7 +75,7 @@ def test_feature_matches_reference(gpu, feature, seqlen_q, seqlen_k, causal, hea
     if causal and kw.get("window", (0, 0))[1] > 0:
         kw["window"] = (kw["window"][0], 0)
     plan = _plan(gpu, q, k, v, causal=causal, **kw)
-    assert plan["supported"] and not plan["kernel"].startswith("fwd_sm90"), plan["kernel"]
+    assert plan["supported"], plan.get("error")
     _check(gpu, q, k, v, dtype, causal=causal, **kw)
 
 
