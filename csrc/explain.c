@@ -403,10 +403,10 @@ static void plan_reason(const fmha_fwd_params *p, const fmha_plan *plan, const f
                  (long long)plan->split.units, why, window);
     } else if (plan->kernel_id == FMHA_KERNEL_GPU_SM90) {
         snprintf(buf, len, "Hopper prefill%s: warp-specialized TMA + wgmma tiles %dx%d (a producer "
-                 "warp, %d consumer warp groups %s), one CTA per SM; %s",
+                 "warp, %d consumer warp groups %s), one CTA per SM; %s%s",
                  t->prefill == FMHA_PREFILL_SM90 ? " (FMHA_GPU_PREFILL_KERNEL=sm90)" : "",
                  plan->block_m, plan->block_n, plan->block_m / 64,
-                 plan->schedule == FMHA_SM90_PINGPONG ? "in ping-pong" : "interleaved", why);
+                 plan->schedule == FMHA_SM90_PINGPONG ? "in ping-pong" : "interleaved", why, window);
     } else {
         sm90_not_used(p, plan, t, not_sm90, sizeof not_sm90);
         char widen[160] = "";
