@@ -26,15 +26,15 @@ Layouts of the sequence dimension over the W ranks of the group (q, k and v alik
 
 Without a mask the layout does not matter: every query sees every key.
 
-Causal windows (``window=(left, 0)``: query p sees keys p - left .. p).  forward() aligns
-a call's last query with its last key, which ties a call's query/key offset to its
-lengths, so each visible (query chunk, key chunk) pair becomes calls whose slices make
-that alignment exact (_window_calls): a block whose keys end where its queries end is a
-causal call with the window, keys cut to the first one any row sees; keys wholly before
-the queries are an unmasked call on the rows that see any of them, with a window whose
-left bound is shifted by the offset; the zigzag diagonal (two chunks apart in position) is
-cut into chunk pairs.  Blocks no window reaches are skipped, so a narrow window costs a
-ring step (or a gather) of K/V but little compute.
+Windows (``window=(left, right)``: query p sees keys p - left .. p + right; -1
+unbounded; causal makes right 0).  forward() aligns a call's last query with its last key,
+which ties a call's query/key offset to its lengths, so each visible (query chunk, key
+chunk) pair becomes one call on the box of rows that see a key of the chunk and keys that
+a row sees (_window_calls): on that box the offset lies inside the window, so the window
+shifted by it gives every row exactly its band.  Rows outside the box are left out of the
+merge; the zigzag diagonal (two chunks apart in position) is cut into chunk pairs.
+Blocks no window reaches are skipped, so a narrow window costs a ring step (or a gather)
+of K/V but little compute.
 
 The merge is exact: each visible block gives a partial state (out normalised by its own
 row sum, and its log-sum-exp), and ``fmha_native.combine`` merges partials into the state
@@ -43,6 +43,8 @@ float32 whatever the inputs' dtype, and each block's forward writes its partial 
 into a float32 slot (forward's out_dtype=float32), so no partial is ever rounded: only the
 result is, once, to q's dtype (or not at all with out_dtype=float32).
 """
+import math
+
 import fmha_native as _fn
 
 __all__ = ["context_parallel_forward", "context_parallel_decode"]
@@ -104,10 +106,10 @@ def _float32_out(torch, q, out_dtype):
     return out_dtype is not None or q.dtype == torch.float32
 
 
-def _window_left(window, causal):
-    """The left bound of a causal window (>= 0), or None when it bounds nothing (None, or
-    left -1 under causal: plain causal attention).  Values as forward checks them;
-    NotImplementedError for a window without causal."""
+def _window_bounds(window, causal):
+    """(left, right) of a window that bounds something, as forward reads it (-1 =
+    unbounded; causal makes right 0), or None when it bounds nothing (None; (-1, -1); or
+    (-1, 0 or -1) under causal: plain attention).  Values as forward checks them."""
     if window is None:
         return None
     if not isinstance(window, (tuple, list)) or len(window) != 2 or any(
@@ -117,16 +119,14 @@ def _window_left(window, causal):
     left, right = window
     if left < -1 or right < -1:
         raise ValueError(f"window values must be >= -1 (-1 = unbounded), got {window!r}")
-    if not causal:
-        if left == -1 and right == -1:
-            return None
-        raise NotImplementedError(
-            f"window={tuple(window)!r} needs causal=True in context parallelism: only causal "
-            "windows (left, 0) are sharded; a window without causal is not implemented")
-    if right > 0:
-        raise ValueError(f"window=({left}, {right}) with causal=True: causal sets the right "
-                         "bound to 0, so window's right must be 0 or -1")
-    return None if left == -1 else left
+    if causal:
+        if right > 0:
+            raise ValueError(f"window=({left}, {right}) with causal=True: causal sets the "
+                             "right bound to 0, so window's right must be 0 or -1")
+        right = 0
+    if left == -1 and right in (-1, 0 if causal else -1):
+        return None
+    return left, right
 
 
 def _choice(name, value, allowed):
@@ -184,28 +184,21 @@ def _chunks(layout, rank, world, local):
     return [(rank * chunk, (rank + 1) * chunk), (second * chunk, (second + 1) * chunk)]
 
 
-def _window_calls(q_chunks, k_chunks, left):
+def _window_calls(q_chunks, k_chunks, window):
     """The forward calls that give queries at the positions of q_chunks exactly the keys
-    at the positions of k_chunks that a causal window of ``left`` (>= 0) lets them see:
-    query p sees key j iff p - left <= j <= p.
+    at the positions of k_chunks that ``window`` = (left, right) lets them see: query p
+    sees key j iff p - left <= j <= p + right (-1: that side unbounded; a causal window
+    has right 0).
 
     q_chunks / k_chunks: position ranges (start, end), in the order the local q / the
     K/V shard hold them (rows are consecutive across chunks).  Returns a list of
     (query rows, key rows, causal, window): slices of the local q and of the shard, and
     forward's causal and window for the call.  forward aligns a call's last query with
-    its last key (bottom-right), so each (query chunk, key chunk) pair is cut into calls
-    where that alignment is exact:
-
-    - keys ending where the queries end (a diagonal block, or a prefix of the sequence
-      up to the chunk): causal with window (left, 0), keys from the first any query sees;
-    - keys wholly before the queries: no causal mask; query p sees keys from p - left on,
-      so the rows that see none (p - left >= end of the keys) are left out (the caller
-      merges nothing for them) and the others get window (left', -1), left' chosen so
-      the call's alignment puts each row's window start where it belongs;
-    - keys after the queries: nothing.
-
-    Any other overlap (keys ending inside or past the queries but not with them) does not
-    occur in the layouts and raises ValueError.
+    its last key (bottom-right), so each (query chunk, key chunk) pair becomes at most one
+    call on the box of rows that see a key of the chunk and keys that a row sees
+    (_pair_call): on that box the alignment's offset lies inside the window, so shifting
+    the window by it expresses every row's band exactly.  Rows outside the box see none
+    of the chunk's keys: no call writes them (the caller merges nothing for them).
     """
     calls = []
     q_at = 0
@@ -213,41 +206,47 @@ def _window_calls(q_chunks, k_chunks, left):
         k_at = 0
         for k0, k1 in k_chunks:
             if q1 > q0 and k1 > k0:
-                call = _pair_call(q0, q1, k0, k1, left)
+                call = _pair_call(q0, q1, k0, k1, window)
                 if call is not None:
-                    (i0, i1), (j0, j1), causal, window = call
+                    (i0, i1), (j0, j1), causal, call_window = call
                     calls.append((slice(q_at + i0, q_at + i1), slice(k_at + j0, k_at + j1),
-                                  causal, window))
+                                  causal, call_window))
             k_at += k1 - k0
         q_at += q1 - q0
     return calls
 
 
-def _pair_call(q0, q1, k0, k1, left):
+def _pair_call(q0, q1, k0, k1, window):
     """_window_calls for one query range and one key range: ((row lo, row hi), (key lo,
-    key hi), causal, window) relative to the ranges' starts, or None."""
-    if k0 >= q1:
-        return None  # keys after every query
-    if k1 == q1 and k0 <= q0:
-        start = max(k0, q0 - left)
-        return (0, q1 - q0), (start - k0, k1 - k0), True, (left, 0)
-    if k1 <= q0:
-        rows = min(q1, k1 + left) - q0  # rows from here on see no key of the range
-        if rows <= 0:
-            return None
-        start = max(k0, q0 - left)
-        # Row i sits at call position i + (k1 - start) - rows and must see keys from
-        # q0 + i - left on: window left' = left + k1 - q0 - rows (>= 0).
-        return (0, rows), (start - k0, k1 - k0), False, (left + k1 - q0 - rows, -1)
-    raise ValueError(f"keys [{k0}, {k1}) overlap queries [{q0}, {q1}) without ending with "
-                     "them: no layout makes such a block")
+    key hi), causal, window) relative to the ranges' starts, or None when no row sees a
+    key.  Row i, key j see each other iff lo <= j - i <= hi, with lo = q0 - k0 - left and
+    hi = q0 - k0 + right (infinite where the window is unbounded)."""
+    left, right = window
+    nq, nk, shift = q1 - q0, k1 - k0, q0 - k0
+    lo = -math.inf if left < 0 else shift - left
+    hi = math.inf if right < 0 else shift + right
+    i0, i1 = max(0, -hi), min(nq - 1, nk - 1 - lo)  # rows that see a key (inclusive)
+    if i0 > i1:
+        return None
+    i0, i1 = int(i0), int(i1)
+    j0, j1 = int(max(0, lo + i0)), int(min(nk - 1, hi + i1))  # keys some row sees
+    # The call puts row i at position (i - i0) + (j1 - j0) - (i1 - i0), so its band
+    # relative to that position is [lo - d, hi - d] with d = j1 - i1, and lo <= d <= hi
+    # on this box: both sides stay >= 0 (or unbounded).
+    d = j1 - i1
+    call_left = -1 if left < 0 else d - lo
+    call_right = -1 if right < 0 else hi - d
+    if call_right == 0:
+        return (i0, i1 + 1), (j0, j1 + 1), True, None if call_left < 0 else (int(call_left), 0)
+    call_window = None if call_left < 0 and call_right < 0 else (int(call_left), int(call_right))
+    return (i0, i1 + 1), (j0, j1 + 1), False, call_window
 
 
-def _ring_window_blocks(rank, world, seqlen, layout, left):
-    """_ring_blocks for a causal window of ``left`` (>= 0): each step's calls from
-    _window_calls on this rank's chunks and the source rank's."""
+def _ring_window_blocks(rank, world, seqlen, layout, window):
+    """_ring_blocks for a window (_window_bounds): each step's calls from _window_calls
+    on this rank's chunks and the source rank's."""
     mine = _chunks(layout, rank, world, seqlen)
-    return [_window_calls(mine, _chunks(layout, (rank - step) % world, world, seqlen), left)
+    return [_window_calls(mine, _chunks(layout, (rank - step) % world, world, seqlen), window)
             for step in range(world)]
 
 
@@ -268,10 +267,10 @@ def context_parallel_forward(q, k, v, *, group=None, causal=False, softmax_scale
     forward over the visible keys (per local chunk for zigzag).  GQA, float16, bfloat16
     and (CPU) float32 as fmha_native.forward takes them.  ``out_dtype``: None (out like
     q) or float32 (out float32 for float16/bfloat16 inputs, never rounded).
-    ``window=(left, right)``: forward's sliding window, with causal=True (right 0 or -1;
-    left >= 0, or -1 for none): query p sees keys p - left .. p.  Each visible block is cut
-    into calls whose bottom-right alignment is exact (_window_calls); blocks wholly
-    outside every window are skipped.  Windows without causal raise NotImplementedError.
+    ``window=(left, right)``: forward's sliding window (-1 unbounded; with causal=True the
+    right bound is 0): query p sees keys p - left .. p + right.  Each visible block is one
+    call whose bottom-right alignment is exact (_window_calls); blocks wholly outside every
+    window are skipped.  A window (or causal) needs q and k sharded alike.
     Every rank must pass the same shapes, dtype, causal, method, layout, out_dtype and
     window.  Forward only (no autograd).
     """
@@ -285,31 +284,32 @@ def context_parallel_forward(q, k, v, *, group=None, causal=False, softmax_scale
     if q.shape[0] != k.shape[0] or q.shape[3] != k.shape[3]:
         raise ValueError(f"q {tuple(q.shape)} and k {tuple(k.shape)} must agree on batch and "
                          "head_dim")
-    if causal and q.shape[1] != k.shape[1]:
-        raise ValueError(f"causal context parallelism shards q and k alike: q.shape[1] "
-                         f"({q.shape[1]}) must equal k.shape[1] ({k.shape[1]})")
-    if causal and layout == "zigzag" and q.shape[1] % 2:
+    win = _window_bounds(window, causal)
+    positional = causal or win is not None  # a mask: positions decide what a row sees
+    if positional and q.shape[1] != k.shape[1]:
+        raise ValueError(f"a causal or windowed context parallelism shards q and k alike: "
+                         f"q.shape[1] ({q.shape[1]}) must equal k.shape[1] ({k.shape[1]})")
+    if positional and layout == "zigzag" and q.shape[1] % 2:
         raise ValueError(f"layout='zigzag' holds two equal chunks per rank: q.shape[1] and "
                          f"k.shape[1] must be even, got {q.shape[1]}")
     f32 = _float32_out(torch, q, out_dtype)
-    left = _window_left(window, causal)
     q = _fn._no_grad_input("q", q)
     k, v = _fn._no_grad_input("k", k), _fn._no_grad_input("v", v)
     rank, world, global_rank = _group_of(dist, group)
-    if not causal:
+    if not causal and win is None:
         layout = "contiguous"  # every query sees every key: the layout does not matter
     out_dtype = "float32" if f32 else None
     with torch.no_grad():
         if world == 1:
-            extra = {} if left is None else {"window": (left, 0)}
+            extra = {} if win is None else {"window": win}
             result = _fn.forward(q, k, v, causal=causal, softmax_scale=softmax_scale,
                                  out_dtype=out_dtype, **extra)
         elif method == "ring":
             result = _ring(torch, dist, q, k, v, causal, softmax_scale, layout, group, rank,
-                           world, global_rank, f32_result=f32, left=left)
+                           world, global_rank, f32_result=f32, window=win)
         else:
             result = _allgather(torch, dist, q, k, v, causal, softmax_scale, layout, group,
-                                rank, world, out_dtype, left)
+                                rank, world, out_dtype, win)
     return result if return_lse else result[0]
 
 
@@ -321,10 +321,10 @@ def _side_stream(torch, device):
 
 
 def _ring(torch, dist, q, k, v, causal, scale, layout, group, rank, world, global_rank,
-          communicate=True, f32_result=False, left=None):
+          communicate=True, f32_result=False, window=None):
     """The ring method; communicate=False (benchmarks/bench_cp.py's compute-only time)
     runs the same blocks and merges on this rank's own K/V, sending nothing.  The result
-    is float32 when f32_result, else q's dtype; left: a causal window's left bound.
+    is float32 when f32_result, else q's dtype; window: _window_bounds' (left, right).
 
     Each block's partial is written in float32 (forward's out_dtype), so none is rounded,
     except where that would give up the kernel its 16-bit plan runs (the sm90 kernel
@@ -345,10 +345,14 @@ def _ring(torch, dist, q, k, v, causal, scale, layout, group, rank, world, globa
     spare = torch.empty_like(current)
     send_to, recv_from = global_rank((rank + 1) % world), global_rank((rank - 1) % world)
     side = _side_stream(torch, dev) if q.is_cuda else None
-    if left is None:
+    if window is None:
         blocks = _ring_blocks(rank, world, seqlen_q, k.shape[1], causal, layout)
     else:
-        blocks = _ring_window_blocks(rank, world, seqlen_q, layout, left)
+        blocks = _ring_window_blocks(rank, world, seqlen_q, layout, window)
+        # Every call merges into a running state that starts empty (out 0, lse -inf): a
+        # row may see keys in several calls of a step, or in none.
+        obuf[0].zero_()
+        lbuf[0].fill_(-math.inf)
     for step, calls in enumerate(blocks):
         requests = []
         if communicate and step + 1 < world:
@@ -362,13 +366,9 @@ def _ring(torch, dist, q, k, v, causal, scale, layout, group, rank, world, globa
                     requests = dist.batch_isend_irecv(ops)
             else:
                 requests = dist.batch_isend_irecv(ops)
-        # Step 0 holds this rank's own keys: without a window its one call sees every
-        # row; with one, its causal calls (one per local chunk) see every row once.  They
-        # start the running state in slot 0, before the step's other calls merge into it.
-        if step == 0 and left is not None:
-            calls = sorted(calls, key=lambda call: not call[2])
         for rows, keys, block_causal, block_window in calls:
-            slot = 0 if step == 0 and (left is None or block_causal) else 1
+            # Without a window step 0's one call sees every row and starts the state.
+            slot = 0 if step == 0 and window is None else 1
             out_view = obuf[slot][:, rows]
             lse_view = lbuf[slot][:, :, rows]
             extra = {} if block_window is None else {"window": block_window}
@@ -410,7 +410,7 @@ def _wide_partials(torch, args, kw):
 
 
 def _allgather(torch, dist, q, k, v, causal, scale, layout, group, rank, world, out_dtype,
-               left=None):
+               window=None):
     batch, seqlen_k, heads_kv, head_dim = k.shape
     kv = _pack_kv(torch, k, v)
     # Shards concatenated along dim 0 (the form every backend takes, gloo included).
@@ -418,38 +418,40 @@ def _allgather(torch, dist, q, k, v, causal, scale, layout, group, rank, world, 
                            device=kv.device)
     _all_gather(dist, gathered, kv, group)
     gathered = gathered.view((world,) + tuple(kv.shape))
-    if not causal or layout == "contiguous":
+    if layout == "contiguous":
         # Shards in rank order are the positions in order; a causal rank needs the
         # prefix up to its own shard.
         shards = gathered[:rank + 1] if causal else gathered
         keys = shards.transpose(0, 1).reshape(batch, shards.shape[0] * seqlen_k, 2, heads_kv,
                                               head_dim)
-        if left is None:
+        if window is None:
             return _fn.forward(q, keys[:, :, 0], keys[:, :, 1], causal=causal,
                                softmax_scale=scale, out_dtype=out_dtype)
     else:
         # zigzag: chunk p < W is rank p's first chunk, chunk p >= W rank 2W-1-p's second.
-        # The later local chunk (2W-1-rank) sees chunks 0 .. 2W-1-rank; the earlier one
-        # (rank) a prefix of those.
+        # Causal: the later local chunk (2W-1-rank) sees chunks 0 .. 2W-1-rank and the
+        # earlier one (rank) a prefix of those; without causal (a window), all 2W chunks.
         chunk = seqlen_k // 2
         halves = gathered.view(world, batch, 2, chunk, 2, heads_kv, head_dim)
-        count = 2 * world - rank
+        first = rank if causal else 0
+        count = 2 * world - first
         keys = torch.empty((batch, count, chunk, 2, heads_kv, head_dim), dtype=kv.dtype,
                            device=kv.device)
         keys[:, :world].copy_(halves[:, :, 0].transpose(0, 1))
-        keys[:, world:].copy_(halves[rank:, :, 1].flip(0).transpose(0, 1))
+        keys[:, world:].copy_(halves[first:, :, 1].flip(0).transpose(0, 1))
         keys = keys.view(batch, count * chunk, 2, heads_kv, head_dim)
-    # keys holds positions 0 .. (end of this rank's last chunk) in order: each local chunk
-    # attends to the prefix that ends with it (bottom-right causal puts query i of the
-    # chunk at its own position), cut to its window's keys when there is one.
+    # keys holds positions 0 .. (end of this rank's last chunk, or of the sequence without
+    # causal) in order: under causal each local chunk attends to the prefix that ends with
+    # it (bottom-right causal puts query i of the chunk at its own position); a window
+    # cuts each chunk's keys to one call (_window_calls: every row sees its own position).
     out = torch.empty(q.shape, dtype=torch.float32 if out_dtype else q.dtype, device=q.device)
     lse = torch.empty((batch, q.shape[2], q.shape[1]), dtype=torch.float32, device=q.device)
     at = 0
     for q0, q1 in _chunks(layout, rank, world, seqlen_k):
-        if left is None:
+        if window is None:
             calls = [(slice(0, q1 - q0), slice(0, q1), True, None)]
         else:
-            calls = _window_calls([(q0, q1)], [(0, q1)], left)
+            calls = _window_calls([(q0, q1)], [(0, q1 if causal else keys.shape[1])], window)
         for rows, sl, call_causal, call_window in calls:
             rows = slice(at + rows.start, at + rows.stop)
             extra = {} if call_window is None else {"window": call_window}

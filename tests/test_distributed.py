@@ -85,6 +85,14 @@ def _prefill_cases(world, gpu):
             cases.append(dict(method=method, layout="zigzag", causal=True, dtype=dtypes[-1],
                               batch=2, local_q=8, local_k=8, heads_q=2, heads_kv=1,
                               head_dim=head_dim, window=(3, 0)))
+            # Windows without causal: both sides bounded, one side open, a band that
+            # reaches past a chunk; the layout matters again (positions decide).
+            for layout in ("contiguous", "zigzag"):
+                for window in ((0, 0), (3, 2), (-1, 4), (7, -1), (1, 13)):
+                    cases.append(dict(method=method, layout=layout, causal=False,
+                                      dtype=dtypes[-1], batch=1, local_q=6, local_k=6,
+                                      heads_q=4, heads_kv=2, head_dim=head_dim,
+                                      window=window))
     # out_dtype=float32 for bfloat16 inputs: no partial and no result is rounded.
     for method in ("ring", "allgather"):
         for layout in ("contiguous", "zigzag"):
@@ -476,7 +484,8 @@ def _small(dtype=torch.float32):
           causal=True, layout="zigzag"), ValueError, "even"),
     (dict(v=torch.zeros(1, 5, 2, 16)), ValueError, "one shape"),
     (dict(out_dtype="bfloat16"), ValueError, "out_dtype"),
-    (dict(window=(4, 0)), NotImplementedError, "window"),
+    (dict(k=torch.zeros(1, 6, 2, 16), v=torch.zeros(1, 6, 2, 16), window=(4, 1)), ValueError,
+     r"q.shape\[1\]"),
     (dict(window=(4, 2), causal=True), ValueError, "window"),
     (dict(window=(-2, 0), causal=True), ValueError, "window"),
     (dict(window=4, causal=True), TypeError, "window"),
@@ -514,8 +523,16 @@ def _covered(calls, nq, nk):
     return counts
 
 
-def _visible(q_pos, k_pos, left):
-    return np.array([[int(p - left <= j <= p) for j in k_pos] for p in q_pos])
+def _visible(q_pos, k_pos, window):
+    """Which (query, key) position pairs window = (left, right) shows (-1 unbounded)."""
+    left, right = window
+    return np.array([[int((left < 0 or p - left <= j) and (right < 0 or j <= p + right))
+                      for j in k_pos] for p in q_pos])
+
+
+# Causal windows (right 0) and windows without causal, each side bounded or not.
+WINDOWS = [(left, 0) for left in (0, 1, 2, 3, 5, 6, 7, 15, 300)] + \
+    [(0, 1), (2, 3), (-1, 2), (4, -1), (0, -1), (-1, 0), (9, 9), (1, 20)]
 
 
 @pytest.mark.parametrize("world", [1, 2, 3, 4])
@@ -523,43 +540,37 @@ def _visible(q_pos, k_pos, left):
 @pytest.mark.parametrize("local", [2, 6, 7])
 def test_window_calls_cover_exactly_the_window(world, layout, local):
     """Every (rank, source rank) block of the ring, for windows from 0 to past the
-    sequence: each visible pair is attended exactly once, nothing else at all."""
+    sequence, causal or not: each visible pair is attended exactly once, nothing else."""
     from fmha_native.distributed import _chunks, _window_calls
 
     if layout == "zigzag" and local % 2:
         pytest.skip("zigzag holds two equal chunks")
-    for left in (0, 1, 2, 3, local - 1, local, local + 1, 2 * local + 3, 10 * local * world):
+    for window in WINDOWS:
         for rank in range(world):
             mine = _chunks(layout, rank, world, local)
             q_pos = [p for a, b in mine for p in range(a, b)]
             for src in range(world):
                 theirs = _chunks(layout, src, world, local)
                 k_pos = [p for a, b in theirs for p in range(a, b)]
-                calls = _window_calls(mine, theirs, left)
+                calls = _window_calls(mine, theirs, window)
                 got = _covered(calls, len(q_pos), len(k_pos))
-                want = _visible(q_pos, k_pos, left)
-                assert np.array_equal(got, want), (left, rank, src, calls)
+                want = _visible(q_pos, k_pos, window)
+                assert np.array_equal(got, want), (window, rank, src, calls)
                 # No call attends to nothing, and rows are never given twice in one call.
                 assert all(r.stop > r.start and c.stop > c.start for r, c, _, _ in calls)
 
 
 @pytest.mark.parametrize("q_range, k_range", [((5, 9), (0, 9)), ((5, 9), (2, 4)),
-                                              ((5, 9), (9, 12)), ((0, 3), (0, 3))])
+                                              ((5, 9), (9, 12)), ((0, 3), (0, 3)),
+                                              ((4, 8), (2, 6)), ((2, 5), (0, 11))])
 def test_window_calls_prefix_and_before(q_range, k_range):
     """The all-gather's prefix blocks and arbitrary key ranges before the queries."""
     from fmha_native.distributed import _window_calls
 
-    for left in range(0, 12):
-        calls = _window_calls([q_range], [k_range], left)
+    for window in WINDOWS + [(left, right) for left in range(-1, 12) for right in (-1, 0, 2, 5)]:
+        calls = _window_calls([q_range], [k_range], window)
         got = _covered(calls, q_range[1] - q_range[0], k_range[1] - k_range[0])
-        assert np.array_equal(got, _visible(range(*q_range), range(*k_range), left)), left
-
-
-def test_window_calls_refuse_other_overlaps():
-    from fmha_native.distributed import _window_calls
-
-    with pytest.raises(ValueError, match="overlap"):
-        _window_calls([(4, 8)], [(2, 6)], 3)
+        assert np.array_equal(got, _visible(range(*q_range), range(*k_range), window)), window
 
 
 @pytest.mark.parametrize("wide", [True, False])
