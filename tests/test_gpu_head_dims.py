@@ -8,55 +8,42 @@ import pytest
 
 import fmha_native
 from fmha_native import reference
-from _harness import (NO_GPU_REASON, Backend, as_f64, assert_close, gpu_devices, make_qkv, packed,
-                      paged_cache)
+from _harness import NO_GPU_REASON, as_f64, assert_close, gpu_devices, make_qkv, packed, paged_cache
 
-pytestmark = pytest.mark.gpu
+# Without a GPU every test skips, saying so (conftest's gpu_backend skips the same way).
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not gpu_devices(), reason=NO_GPU_REASON)]
 
 # Head dims with GPU tiles besides 64 and 128 (csrc/fmha_config.h; NVIDIA builds).
 NEW_DIMS = [32, 80, 96, 192]
 REFUSED = [48, 112, 256]
 
 
-@pytest.fixture(autouse=True)
-def _need_gpu():
-    if not gpu_devices():
-        pytest.skip(NO_GPU_REASON)
-
-
-@pytest.fixture
-def gpu():
-    """The GPU as the other GPU tests drive it: torch CUDA tensors (device metadata
-    included) when torch has CUDA, else host arrays forced onto the GPU."""
-    return Backend("gpu")
-
-
 @pytest.mark.parametrize("head_dim", NEW_DIMS)
 @pytest.mark.parametrize("dtype", ["f16", "bf16"])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("sq,sk", [(37, 101), (130, 130), (200, 67), (1, 333)])
-def test_prefill_gqa_odd_lengths(gpu, head_dim, dtype, causal, sq, sk):
+def test_prefill_gqa_odd_lengths(gpu_backend, head_dim, dtype, causal, sq, sk):
     rng = np.random.default_rng(21000 + sq + sk)
     q, k, v = make_qkv(rng, 2, sq, sk, 8, 2, head_dim, dtype)
     plan = fmha_native.explain(q, k, v, causal=causal, device="gpu")
     assert plan["supported"] and plan["backend"] == "gpu", plan.get("error")
     ref_out, ref_lse = reference.forward(q, k, v, causal=causal)
-    out, lse = gpu.forward(q, k, v, causal=causal)
+    out, lse = gpu_backend.forward(q, k, v, causal=causal)
     assert_close(out, lse, ref_out, ref_lse, dtype, what=f"d{head_dim} {plan['kernel']}")
 
 
 @pytest.mark.parametrize("head_dim", NEW_DIMS)
 @pytest.mark.parametrize("num_splits", [1, 2, 7])
-def test_forced_splits_agree(gpu, head_dim, num_splits):
+def test_forced_splits_agree(gpu_backend, head_dim, num_splits):
     rng = np.random.default_rng(21100 + num_splits)
     q, k, v = make_qkv(rng, 1, 3, 1500, 4, 4, head_dim, "bf16")
     ref_out, ref_lse = reference.forward(q, k, v, causal=True)
-    out, lse = gpu.forward(q, k, v, causal=True, num_splits=num_splits)
+    out, lse = gpu_backend.forward(q, k, v, causal=True, num_splits=num_splits)
     assert_close(out, lse, ref_out, ref_lse, "bf16", what=f"splits={num_splits}")
 
 
 @pytest.mark.parametrize("head_dim", NEW_DIMS)
-def test_decode_cache_and_append(gpu, head_dim):
+def test_decode_cache_and_append(gpu_backend, head_dim):
     rng = np.random.default_rng(21200)
     lengths = np.array([0, 1, 250, 777], np.int32)
     capacity = 800
@@ -64,7 +51,7 @@ def test_decode_cache_and_append(gpu, head_dim):
     k_new, v_new = (x[:, :2].copy() for x in make_qkv(rng, 4, 2, 2, 8, 2, head_dim, "f16")[1:])
     ref_out, ref_lse = reference.forward(q, k, v, causal=True, cache_seqlens=lengths,
                                          k_new=k_new, v_new=v_new)
-    out, lse, k_after, v_after = gpu.forward_append(q, k, v, causal=True, cache_seqlens=lengths,
+    out, lse, k_after, v_after = gpu_backend.forward_append(q, k, v, causal=True, cache_seqlens=lengths,
                                                     k_new=k_new, v_new=v_new)
     assert_close(out, lse, ref_out, ref_lse, "f16", what="decode + append")
     for b, n in enumerate(lengths):
@@ -73,18 +60,18 @@ def test_decode_cache_and_append(gpu, head_dim):
 
 
 @pytest.mark.parametrize("head_dim", NEW_DIMS)
-def test_paged(gpu, head_dim):
+def test_paged(gpu_backend, head_dim):
     rng = np.random.default_rng(21300)
     lengths = np.array([5, 64, 131], np.int32)
     k, v, table = paged_cache(rng, lengths, 16, 10, 2, head_dim, "bf16")
     q = make_qkv(rng, 3, 1, 1, 8, 2, head_dim, "bf16")[0]
     ref_out, ref_lse = reference.forward(q, k, v, cache_seqlens=lengths, block_table=table)
-    out, lse = gpu.forward(q, k, v, cache_seqlens=lengths, block_table=table)
+    out, lse = gpu_backend.forward(q, k, v, cache_seqlens=lengths, block_table=table)
     assert_close(out, lse, ref_out, ref_lse, "bf16", what="paged")
 
 
 @pytest.mark.parametrize("head_dim", NEW_DIMS)
-def test_packed_varlen(gpu, head_dim):
+def test_packed_varlen(gpu_backend, head_dim):
     rng = np.random.default_rng(21400)
     lengths = [1, 70, 129, 3]
     q, cu = packed(rng, lengths, 8, head_dim, "bf16")
@@ -92,7 +79,7 @@ def test_packed_varlen(gpu, head_dim):
     v, _ = packed(rng, lengths, 2, head_dim, "bf16")
     kw = dict(causal=True, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=129, max_seqlen_k=129)
     ref_out, ref_lse = reference.forward(q, k, v, **kw)
-    out, lse = gpu.forward(q, k, v, **kw)
+    out, lse = gpu_backend.forward(q, k, v, **kw)
     assert_close(out, lse, ref_out, ref_lse, "bf16", what="packed")
 
 
