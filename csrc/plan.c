@@ -507,8 +507,8 @@ static void gpu_gate(const fmha_fwd_params *p, const fmha_target *t, fmha_plan *
     int row = 0;
     gate_add(plan, FMHA_GATE_HEAD_DIM, gpu_mma_config(p->head_dim, &tiles, &row), p->head_dim, 0);
     gate_add(plan, FMHA_GATE_ALIGNMENT, 1, gpu_rows_aligned(p), 0);
-    /* Window, softcap and sinks: the tensor-core kernels run them (the sm90 kernel does
-     * not yet: plan_gpu_kernel routes them away from it); a = the features asked for. */
+    /* Window, softcap and sinks: every GPU kernel runs them (informative; a = the
+     * features asked for). */
     gate_add(plan, FMHA_GATE_FEATURES, 1, fmha_features(p), 0);
 }
 
@@ -733,7 +733,7 @@ fmha_status fmha_plan_make(const fmha_fwd_params *p, const fmha_target *t, int r
      * the inputs', which the producers (their output type is the inputs') leave to the
      * combine, even with one split.  The CPU rows write any out dtype themselves. */
     plan->partials = plan->num_splits > 1 ||
-                     (t->backend == FMHA_BACKEND_GPU && p->out_dtype != p->dtype);
+                     (plan->backend == FMHA_BACKEND_GPU && p->out_dtype != p->dtype);
     return plan->supported ? FMHA_OK : FMHA_ERR_UNSUPPORTED;
 }
 
