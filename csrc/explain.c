@@ -590,7 +590,7 @@ PyObject *fmha_explain_dict(const fmha_explain_input *in)
     PyObject *d = PyDict_New();
     if (!d)
         return NULL;
-    char kernel[96], reason[2400], own[768], rejected[768], serving[640];
+    char kernel[160], reason[2400], own[768], rejected[768], serving[640];
     if (in->empty) {
         snprintf(kernel, sizeof kernel, "none");
         snprintf(reason, sizeof reason, "empty problem (batch or %s is 0): nothing runs",
