@@ -375,13 +375,17 @@ static int require_rows_aligned(const fmha_fwd_call *c)
         int64_t bs, rs, hs;
         if (!x->present || !x->on_gpu || fmha_tensor_numel(x) == 0)
             continue;
+        /* 1-byte fp8 codes (uint8 storage too): the same bytes */
+        const int64_t elem = fmha_elem_size(x->elem) == 1 ? 1 : FMHA_GPU_ELEM_BYTES;
+        if (elem == 1)
+            align *= FMHA_GPU_ELEM_BYTES;
         strides3(x, &bs, &rs, &hs);
-        if (!fmha_rows_aligned(x->data, bs, rs, hs, c->p.head_dim, align, FMHA_GPU_ELEM_BYTES)) {
+        if (!fmha_rows_aligned(x->data, bs, rs, hs, c->p.head_dim, align, elem)) {
             PyErr_Format(PyExc_ValueError, "%s: on the GPU, packed (cu_seqlens_q/cu_seqlens_k) "
                          "and paged (block_table) calls read rows in place, so every row must "
                          "start on a %d-byte boundary (data pointer and strides multiples of "
                          "%lld elements); make %s contiguous first", x->name,
-                         (int)(align * FMHA_GPU_ELEM_BYTES), (long long)align, x->name);
+                         (int)(align * elem), (long long)align, x->name);
             return -1;
         }
     }

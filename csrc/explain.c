@@ -97,8 +97,9 @@ static void gate_why(const fmha_plan *plan, const fmha_target *t, const fmha_gat
         else if (plan->backend == FMHA_BACKEND_CPU)
             snprintf(buf, len, "%s runs on the CPU (fp32 math)", dtype_name(g->a));
         else if (g->b == FMHA_DTYPE_E4M3)
-            snprintf(buf, len, "%s with float8_e4m3fn K/V not supported (GPU kernels: float16, "
-                     "bfloat16 K/V; the CPU backend runs an fp8 KV cache)", dtype_name(g->a));
+            snprintf(buf, len, "%s with float8_e4m3fn K/V %s (GPU kernels: float16, bfloat16 q "
+                     "with K/V of q's dtype or float8_e4m3fn)", dtype_name(g->a),
+                     g->met ? "supported" : "not supported");
         else
             snprintf(buf, len, "%s %s (GPU kernels: float16, bfloat16)", dtype_name(g->a),
                      g->met ? "supported" : "not supported");
@@ -114,6 +115,11 @@ static void gate_why(const fmha_plan *plan, const fmha_target *t, const fmha_gat
         }
         return;
     case FMHA_GATE_ALIGNMENT:
+        if (!g->b) {
+            snprintf(buf, len, "float8_e4m3fn k/v rows must start on 16-byte boundaries (pointer "
+                     "and strides multiples of 16 elements) on the GPU: make them contiguous");
+            return;
+        }
         snprintf(buf, len, "%s", g->a ? "q/k/v rows start on 16-byte boundaries, out rows on 4-byte "
                                         "boundaries"
                                       : "some rows are not 16-byte aligned (pointer or strides not "
@@ -154,12 +160,18 @@ static void requirement(const fmha_plan *plan, const fmha_target *t, const fmha_
                      (long long)g->b);
         return;
     case FMHA_GATE_DTYPE:
-        if (g->b == FMHA_DTYPE_E4M3 && (g->a == FMHA_DTYPE_F16 || g->a == FMHA_DTYPE_BF16))
-            snprintf(buf, len, "a float8_e4m3fn KV cache is not supported by the GPU kernels "
-                     "yet (they read float16 or bfloat16 K/V; the CPU backend runs it)");
+        if (g->b == FMHA_DTYPE_E4M3)
+            snprintf(buf, len, "%s q with a float8_e4m3fn KV cache is not supported by the GPU "
+                     "kernels (they cover float16, bfloat16 q; the CPU backend runs it)",
+                     dtype_name(g->a));
         else
             snprintf(buf, len, "%s is not supported by the GPU kernels (they cover float16, "
                      "bfloat16)", dtype_name(g->a));
+        return;
+    case FMHA_GATE_ALIGNMENT:
+        snprintf(buf, len, "float8_e4m3fn k/v rows that do not start on 16-byte boundaries are "
+                 "not supported by the GPU kernels (pointer and strides must be multiples of 16 "
+                 "elements: make k and v contiguous)");
         return;
     case FMHA_GATE_HEAD_DIM:
         if (plan->backend == FMHA_BACKEND_CPU) {
@@ -255,10 +267,11 @@ static void kernel_name(const fmha_fwd_params *p, const fmha_plan *plan, char *b
         snprintf(buf, len, "fwd_sm90<%s,d%lld%s,%s>", dtype_name(p->dtype), (long long)p->head_dim,
                  mask, plan->schedule == FMHA_SM90_PINGPONG ? "pingpong" : "interleaved");
     else
-        snprintf(buf, len, "fwd_%s<%s,d%lld%s%s>%s%s",
+        snprintf(buf, len, "fwd_%s<%s,d%lld%s%s%s>%s%s",
                  plan->kernel_id == FMHA_KERNEL_GPU_DECODE ? "decode" : "mma", dtype_name(p->dtype),
-                 (long long)p->head_dim, mask, plan->pack_gqa ? ",pack_gqa" : "",
-                 plan->walkers_per_split > 1 ? "+merge" : "", plan->partials ? "+combine" : "");
+                 (long long)p->head_dim, fmha_kv_dtype(p) == FMHA_DTYPE_E4M3 ? ",kv=float8_e4m3fn" : "",
+                 mask, plan->pack_gqa ? ",pack_gqa" : "", plan->walkers_per_split > 1 ? "+merge" : "",
+                 plan->partials ? "+combine" : "");
 }
 
 /* Why this split count. */
@@ -369,6 +382,10 @@ static void sm90_not_used(const fmha_fwd_params *p, const fmha_plan *plan, const
     case FMHA_SM90_SPLITS:
         snprintf(why, sizeof why, "on its tiles, one CTA per SM, the split rule splits the keys, "
                  "which it cannot");
+        break;
+    case FMHA_SM90_KV_FP8:
+        snprintf(why, sizeof why, "it does not read float8_e4m3fn K/V; the tensor-core tiles widen "
+                 "the codes in shared memory");
         break;
     case FMHA_SM90_OUT_DTYPE:
         snprintf(why, sizeof why, "out_dtype %s needs fp32 partials and the combine, which it "

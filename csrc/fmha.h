@@ -297,7 +297,8 @@ typedef enum fmha_gate_id {
     FMHA_GATE_ARCH = 1,     /* GPU: cc >= 8.0 (a, b = major, minor) or an AMD arch built */
     FMHA_GATE_DTYPE = 2,    /* a = fmha_dtype of q; b = of k/v (FMHA_DTYPE_E4M3: fp8 cache) */
     FMHA_GATE_HEAD_DIM = 3, /* a = head_dim; GPU: a row of fmha_config.h, CPU: 1..max */
-    FMHA_GATE_ALIGNMENT = 4,/* GPU, always met: a = 1 when no operand needs staging */
+    FMHA_GATE_ALIGNMENT = 4,/* GPU: a = 1 when no operand needs staging; b = 0 (not met)
+                               when fp8 K/V rows are not 16-byte aligned (never staged) */
     FMHA_GATE_FEATURES = 5, /* GPU, always met (the tensor-core kernels run window, softcap
                                and sinks); a = FMHA_FEATURE_* bits asked for */
     FMHA_GATE_COUNT
@@ -342,6 +343,7 @@ typedef enum fmha_sm90_why {
     FMHA_SM90_PACKED,          /* the query heads of a kv head fit one old prefill tile */
     FMHA_SM90_SPLITS,          /* the split rule splits the keys on its tiles */
     FMHA_SM90_OUT_DTYPE,       /* out_dtype differs from the inputs': partials + combine */
+    FMHA_SM90_KV_FP8,          /* an fp8 KV cache: the tensor-core tiles widen it */
 } fmha_sm90_why;
 
 /* The numbers behind the split decision, for explain(). */

@@ -131,6 +131,7 @@ typedef struct operand {
     int64_t rows, heads;
     int64_t align;   /* elements each row start must be a multiple of */
     int copy_back;   /* the kernels write it: copy the staged result back */
+    int fp8;         /* 1-byte e4m3fn codes (an fp8 KV cache): aligned to align * 2 bytes */
 } operand;
 
 /*
@@ -143,15 +144,19 @@ typedef struct operand {
 static fmha_status stage(const fmha_fwd_params *p, call_scratch *s, operand *o, fmha_rows_view *orig)
 {
     const int64_t elem = FMHA_GPU_ELEM_BYTES;
+    /* An fp8 cache's rows are read in place: the planner's gate refuses unaligned ones. */
+    const int64_t align = o->fp8 ? o->align * elem : o->align;
     orig->data = *o->data;
     orig->batch_stride = *o->batch_stride;
     orig->row_stride = *o->row_stride;
     orig->head_stride = *o->head_stride;
     if (!*o->data || fmha_rows_aligned(*o->data, *o->batch_stride, *o->row_stride, *o->head_stride,
-                                       p->head_dim, o->align, elem)) {
+                                       p->head_dim, align, o->fp8 ? 1 : elem)) {
         orig->data = NULL; /* nothing staged */
         return FMHA_OK;
     }
+    if (o->fp8)
+        return FMHA_ERR_INVALID;
     /* Packed and paged rows are read in place: the host glue refuses unaligned
      * device tensors for them (call.c) and copies host arrays compact. */
     if (p->cu_seqlens_q || p->cu_seqlens_k || p->block_table)
@@ -175,17 +180,17 @@ static fmha_status stage(const fmha_fwd_params *p, call_scratch *s, operand *o, 
 static fmha_status run_staged(fmha_fwd_params *p, call_scratch *s)
 {
     const int64_t chunk = FMHA_GPU_ALIGN_IN, pair = FMHA_GPU_ALIGN_OUT; /* fmha.h */
-    const int append = p->k_new != NULL;
+    const int append = p->k_new != NULL, fp8 = fmha_kv_dtype(p) == FMHA_DTYPE_E4M3;
     operand ops[] = {
-        {(void **)&p->q, &p->q_batch_stride, &p->q_row_stride, &p->q_head_stride, p->seqlen_q, p->heads_q, chunk, 0},
-        {(void **)&p->k, &p->k_batch_stride, &p->k_row_stride, &p->k_head_stride, p->seqlen_k, p->heads_kv, chunk, append},
-        {(void **)&p->v, &p->v_batch_stride, &p->v_row_stride, &p->v_head_stride, p->seqlen_k, p->heads_kv, chunk, append},
-        {(void **)&p->k_new, &p->knew_batch_stride, &p->knew_row_stride, &p->knew_head_stride, p->seqlen_new, p->heads_kv, chunk, 0},
-        {(void **)&p->v_new, &p->vnew_batch_stride, &p->vnew_row_stride, &p->vnew_head_stride, p->seqlen_new, p->heads_kv, chunk, 0},
+        {(void **)&p->q, &p->q_batch_stride, &p->q_row_stride, &p->q_head_stride, p->seqlen_q, p->heads_q, chunk, 0, 0},
+        {(void **)&p->k, &p->k_batch_stride, &p->k_row_stride, &p->k_head_stride, p->seqlen_k, p->heads_kv, chunk, append, fp8},
+        {(void **)&p->v, &p->v_batch_stride, &p->v_row_stride, &p->v_head_stride, p->seqlen_k, p->heads_kv, chunk, append, fp8},
+        {(void **)&p->k_new, &p->knew_batch_stride, &p->knew_row_stride, &p->knew_head_stride, p->seqlen_new, p->heads_kv, chunk, 0, 0},
+        {(void **)&p->v_new, &p->vnew_batch_stride, &p->vnew_row_stride, &p->vnew_head_stride, p->seqlen_new, p->heads_kv, chunk, 0, 0},
         /* An out of another dtype than the inputs' is written by the combine alone, element
          * by element: any layout (the planner's alignment rule, plan.c qkvo_aligned). */
         {&p->out, &p->o_batch_stride, &p->o_row_stride, &p->o_head_stride, p->seqlen_q, p->heads_q,
-         p->out_dtype != p->dtype ? 1 : pair, 1},
+         p->out_dtype != p->dtype ? 1 : pair, 1, 0},
     };
     enum { N_OPS = sizeof ops / sizeof ops[0] };
     fmha_rows_view orig[N_OPS];

@@ -402,9 +402,22 @@ int fmha_rows_aligned(const void *data, int64_t batch_stride, int64_t row_stride
            head_stride % align_elems == 0 && head_dim % align_elems == 0;
 }
 
+/* Whether k and v rows start on the boundaries of `in` 2-byte elements (in * 2 bytes;
+ * an fp8 cache's codes are 1 byte). */
+static int kv_aligned(const fmha_fwd_params *p, int64_t in)
+{
+    const int64_t elem = fmha_kv_dtype(p) == FMHA_DTYPE_E4M3 ? 1 : FMHA_GPU_ELEM_BYTES;
+    const int64_t align = in * FMHA_GPU_ELEM_BYTES / elem;
+    return fmha_rows_aligned(p->k, p->k_batch_stride, p->k_row_stride, p->k_head_stride,
+                             p->head_dim, align, elem) &&
+           fmha_rows_aligned(p->v, p->v_batch_stride, p->v_row_stride, p->v_head_stride,
+                             p->head_dim, align, elem);
+}
+
 /* Whether q, k and v rows are aligned to `in` elements and out rows to `out`
- * (2-byte elements, the GPU kernels' types).  An out of another dtype than the inputs'
- * is written by the combine alone, element by element: any layout will do. */
+ * (2-byte elements, the GPU kernels' types; fp8 K/V to the same bytes).  An out of
+ * another dtype than the inputs' is written by the combine alone, element by element:
+ * any layout will do. */
 static int qkvo_aligned(const fmha_fwd_params *p, int64_t in, int64_t out)
 {
     const int64_t elem = FMHA_GPU_ELEM_BYTES;
@@ -412,10 +425,7 @@ static int qkvo_aligned(const fmha_fwd_params *p, int64_t in, int64_t out)
         out = 1;
     return fmha_rows_aligned(p->q, p->q_batch_stride, p->q_row_stride, p->q_head_stride,
                              p->head_dim, in, elem) &&
-           fmha_rows_aligned(p->k, p->k_batch_stride, p->k_row_stride, p->k_head_stride,
-                             p->head_dim, in, elem) &&
-           fmha_rows_aligned(p->v, p->v_batch_stride, p->v_row_stride, p->v_head_stride,
-                             p->head_dim, in, elem) &&
+           kv_aligned(p, in) &&
            fmha_rows_aligned(p->out, p->o_batch_stride, p->o_row_stride, p->o_head_stride,
                              p->head_dim, out, elem);
 }
@@ -498,15 +508,19 @@ static void gpu_gate(const fmha_fwd_params *p, const fmha_target *t, fmha_plan *
         gate_add(plan, FMHA_GATE_ARCH, dev->cc_major >= 8, dev->cc_major, dev->cc_minor);
     else if (dev)
         gate_add(plan, FMHA_GATE_ARCH, arch_in_list(dev->arch, fmha_plan_hip_archs(t)), 0, 0);
-    /* An fp8 KV cache (issue 22) runs on the CPU only until the kernels dequantize it. */
+    /* K/V of q's dtype, or an fp8 e4m3fn cache that the tensor-core tiles widen. */
+    const int kv_fp8 = fmha_kv_dtype(p) == FMHA_DTYPE_E4M3;
     gate_add(plan, FMHA_GATE_DTYPE,
              (p->dtype == FMHA_DTYPE_F16 || p->dtype == FMHA_DTYPE_BF16) &&
-                 fmha_kv_dtype(p) == p->dtype,
+                 (fmha_kv_dtype(p) == p->dtype || kv_fp8),
              p->dtype, fmha_kv_dtype(p));
     gpu_tiles tiles;
     int row = 0;
     gate_add(plan, FMHA_GATE_HEAD_DIM, gpu_mma_config(p->head_dim, &tiles, &row), p->head_dim, 0);
-    gate_add(plan, FMHA_GATE_ALIGNMENT, 1, gpu_rows_aligned(p), 0);
+    /* Unaligned rows are copied to aligned scratch first (gpu.c), except an fp8 cache's
+     * (a = all aligned, b = whether fp8 K/V rows are). */
+    const int kv_ok = kv_aligned(p, FMHA_GPU_ALIGN_IN);
+    gate_add(plan, FMHA_GATE_ALIGNMENT, !kv_fp8 || kv_ok, gpu_rows_aligned(p), kv_fp8 ? kv_ok : 1);
     /* Window, softcap and sinks: every GPU kernel runs them (informative; a = the
      * features asked for). */
     gate_add(plan, FMHA_GATE_FEATURES, 1, fmha_features(p), 0);
@@ -545,6 +559,8 @@ static fmha_sm90_why sm90_fit(const fmha_fwd_params *p, const fmha_target *t, in
         return FMHA_SM90_ASKED_MMA;
     if (!gpu_sm90_config(p->head_dim, &tiles, &ctas))
         return FMHA_SM90_HEAD_DIM;
+    if (fmha_kv_dtype(p) == FMHA_DTYPE_E4M3)
+        return FMHA_SM90_KV_FP8;
     /* in fmha_sm90_why's order: a paged or packed KV cache says KV_CACHE */
     if (p->seqlens_k || p->k_new || p->v_new || p->seqlen_new)
         return FMHA_SM90_KV_CACHE;

@@ -29,6 +29,7 @@
 #define FMHA_FWD_MMA_H
 
 #include "fmha.h"
+#include "convert.h" /* fp8 codes to 16-bit elements */
 #include "fmha_config.h"
 #include "fold.h"
 #include "hip_compat.h"
@@ -62,6 +63,11 @@ constexpr float LOG2E = 1.442695040888963407f;
 enum mask_kind { MASK_NONE = 0, MASK_CAUSAL = 1, MASK_WINDOW = 2 };
 
 constexpr int ELEMS_PER_CHUNK = 8; /* 16-byte copies of 16-bit elements */
+/* Elements of T in one 16-byte copy, and the 16-bit columns of shared memory that a
+ * row of HEAD_DIM of them fills: a tile of fp8 codes (an fp8 KV cache) is laid out as a
+ * tile of 16-bit elements half as wide, so one loader and one layout serve both. */
+template <typename T> constexpr int chunk_elems() { return 16 / (int)sizeof(T); }
+template <typename T, int HEAD_DIM> constexpr int stored_cols() { return HEAD_DIM * (int)sizeof(T) / 2; }
 
 /* Compile-time tile configuration: one instantiation per row of the tables in fmha_config.h. */
 template <int HEAD_DIM, int BLOCK_M, int BLOCK_N, int WARPS, int STAGES, int CTAS, int WALKERS>
@@ -170,7 +176,7 @@ template <int ROWS, int HEAD_DIM, int THREADS, typename T, typename Copy>
 __device__ __forceinline__ void load_rows(const Copy &put, const T *first_row, int64_t row_stride,
                                           int64_t valid_rows, int tid)
 {
-    using tile = smem_tile<ROWS, HEAD_DIM>;
+    using tile = smem_tile<ROWS, stored_cols<T, HEAD_DIM>()>;
     static_assert(THREADS % tile::LOAD_CHUNKS == 0, "a pass of the threads copies whole rows");
     constexpr int ROWS_PER_PASS = THREADS / tile::LOAD_CHUNKS;
     static_assert(ROWS % ROWS_PER_PASS == 0, "the passes cover the tile exactly");
@@ -178,18 +184,43 @@ __device__ __forceinline__ void load_rows(const Copy &put, const T *first_row, i
     if (!tile::copies(chunk))
         return;
     const int64_t pass_stride = ROWS_PER_PASS * row_stride;
-    const T *src = first_row + row0 * row_stride + chunk * ELEMS_PER_CHUNK;
+    const T *src = first_row + row0 * row_stride + chunk * chunk_elems<T>();
 #pragma unroll
     for (int i = 0; i < ROWS / ROWS_PER_PASS; i++, src += pass_stride) {
         const int row = row0 + i * ROWS_PER_PASS;
         const bool valid = row < valid_rows;
-        put(tile::offset(row, chunk) * (int)sizeof(T), valid ? src : first_row, valid);
+        put(tile::offset(row, chunk) * 2, valid ? src : first_row, valid);
+    }
+}
+
+/*
+ * fp8 KV cache: a ROWS x HEAD_DIM tile of e4m3fn codes, as load_rows left it, widened
+ * into the T tile that the tile products read (exact: every code is a T).  Each item
+ * is one 16-byte chunk of codes, two chunks of T.
+ */
+template <int ROWS, int HEAD_DIM, int THREADS, typename T>
+__device__ __forceinline__ void widen_tile(T *dst, const unsigned char *src, int tid)
+{
+    using codes = smem_tile<ROWS, stored_cols<uint8_t, HEAD_DIM>()>;
+    using wide = smem_tile<ROWS, HEAD_DIM>;
+    constexpr int ITEMS = ROWS * codes::CHUNKS;
+#pragma unroll
+    for (int i = 0; i < (ITEMS + THREADS - 1) / THREADS; i++) {
+        const int idx = i * THREADS + tid;
+        if (ITEMS % THREADS != 0 && idx >= ITEMS)
+            break;
+        const int row = idx / codes::CHUNKS, chunk = idx % codes::CHUNKS;
+        const uint4 c = *reinterpret_cast<const uint4 *>(src + codes::offset(row, chunk) * 2);
+        const uint2 a = widen_e4m3x4<T>(c.x), b = widen_e4m3x4<T>(c.y);
+        const uint2 d = widen_e4m3x4<T>(c.z), e = widen_e4m3x4<T>(c.w);
+        *reinterpret_cast<uint4 *>(dst + wide::offset(row, 2 * chunk)) = make_uint4(a.x, a.y, b.x, b.y);
+        *reinterpret_cast<uint4 *>(dst + wide::offset(row, 2 * chunk + 1)) = make_uint4(d.x, d.y, e.x, e.y);
     }
 }
 
 namespace {
-/* 16 bytes that are NaN as fp16 and as bf16 alike (copied into K rows of a bad page), and
- * 16 that are zero (its V rows). */
+/* 16 bytes that are NaN as fp16, bf16 and e4m3fn codes alike (copied into K rows of a
+ * bad page), and 16 that are zero (its V rows). */
 __device__ const uint4 nan_chunk = {0x7fff7fffu, 0x7fff7fffu, 0x7fff7fffu, 0x7fff7fffu};
 __device__ const uint4 zero_chunk = {0u, 0u, 0u, 0u};
 }  // namespace
@@ -211,8 +242,8 @@ __device__ const uint4 zero_chunk = {0u, 0u, 0u, 0u};
  * that would see one of its keys gets a NaN score and comes out NaN, while
  * rows that mask the key select -inf as for any other; its V rows are zeros.
  */
-template <int ROWS, int HEAD_DIM, int THREADS> struct paged_rows {
-    using tile = smem_tile<ROWS, HEAD_DIM>;
+template <int ROWS, int COLS, int THREADS> struct paged_rows {
+    using tile = smem_tile<ROWS, COLS>; /* COLS: stored_cols of the cache's rows */
     static_assert(THREADS % tile::LOAD_CHUNKS == 0, "a pass of the threads copies whole rows");
     static constexpr int ROWS_PER_PASS = THREADS / tile::LOAD_CHUNKS;
     static_assert(ROWS % 16 == 0 && ROWS % ROWS_PER_PASS == 0, "the passes cover whole 16-row groups");
@@ -312,15 +343,15 @@ template <int ROWS, int HEAD_DIM, int THREADS> struct paged_rows {
             const bool ok = (uint64_t)(int64_t)page < (uint64_t)p.num_pages; /* -1 or out of range: not ok */
             /* One base and one row step per run: a bad page repeats the NaN chunk (K) and the
              * zero chunk (V), so K and V rows share one predicate (valid). */
-            const T *k_src = ok ? k + page * p.k_batch_stride + r * p.k_row_stride + chunk * ELEMS_PER_CHUNK : nan_src;
-            const T *v_src = ok ? v + page * p.v_batch_stride + r * p.v_row_stride + chunk * ELEMS_PER_CHUNK : zero_src;
+            const T *k_src = ok ? k + page * p.k_batch_stride + r * p.k_row_stride + chunk * chunk_elems<T>() : nan_src;
+            const T *v_src = ok ? v + page * p.v_batch_stride + r * p.v_row_stride + chunk * chunk_elems<T>() : zero_src;
             const int64_t k_step = ok ? ROWS_PER_PASS * p.k_row_stride : 0;
             const int64_t v_step = ok ? ROWS_PER_PASS * p.v_row_stride : 0;
 #pragma unroll
             for (int i = 0; i < RUN; i++, k_src += k_step, v_src += v_step) {
                 const int row = first + i * ROWS_PER_PASS;
                 const bool valid = row < valid_end;
-                const int byte_offset = tile::offset(row, chunk) * (int)sizeof(T);
+                const int byte_offset = tile::offset(row, chunk) * 2;
                 put_k(byte_offset, k_src, valid);
                 put_v(byte_offset, v_src, valid);
             }
@@ -864,17 +895,33 @@ template <typename cfg> __host__ __device__ constexpr bool use_wgmma()
            (cfg::head_dim == 64 || cfg::head_dim == 128) && (cfg::block_n == 64 || cfg::block_n == 128);
 }
 
-/* Shared memory of one walker: its Q tile and K/V ring, rounded up to whole
- * 1024-byte swizzle atoms (padded-row tiles are not), so every walker's tiles
- * stay aligned. */
-template <typename cfg> constexpr int walker_smem_bytes()
+/* n rounded up to whole 1024-byte swizzle atoms. */
+constexpr int atom_align(int n) { return (n + 1023) / 1024 * 1024; }
+
+/* Bytes of one K or V stage of the ring: 16-bit rows, or (KV8) e4m3fn codes. */
+template <typename cfg, bool KV8> constexpr int stage_bytes()
 {
-    return (smem_tile<cfg::block_m, cfg::head_dim>::BYTES +
-            2 * ring_stages(cfg::stages) * smem_tile<cfg::block_n, cfg::head_dim>::BYTES + 1023) / 1024 * 1024;
+    return smem_tile<cfg::block_n, KV8 ? cfg::head_dim / 2 : cfg::head_dim>::BYTES;
+}
+
+/* Where a walker's widened K and V tiles (KV8) start: after its Q tile and K/V ring,
+ * 1024-aligned. */
+template <typename cfg, bool KV8> constexpr int wide_tiles_offset()
+{
+    return atom_align(smem_tile<cfg::block_m, cfg::head_dim>::BYTES +
+                      2 * ring_stages(cfg::stages) * stage_bytes<cfg, KV8>());
+}
+
+/* Shared memory of one walker: its Q tile and K/V ring (KV8: then one widened K and V
+ * tile), rounded up to whole 1024-byte swizzle atoms (padded-row tiles are not), so
+ * every walker's tiles stay aligned. */
+template <typename cfg, bool KV8 = false> constexpr int walker_smem_bytes()
+{
+    return wide_tiles_offset<cfg, KV8>() + (KV8 ? atom_align(2 * smem_tile<cfg::block_n, cfg::head_dim>::BYTES) : 0);
 }
 
 /* The per-walker sizes of a tile config, as the pieces below use them. */
-template <typename cfg> struct walker_shape {
+template <typename cfg, bool KV8 = false> struct walker_shape {
     static constexpr int HEAD_DIM = cfg::head_dim, BLOCK_M = cfg::block_m, BLOCK_N = cfg::block_n;
     static constexpr int STAGES = ring_stages(cfg::stages);
     static constexpr int THREADS = cfg::walker_warps * WARP_LANES; /* of one walker */
@@ -882,7 +929,7 @@ template <typename cfg> struct walker_shape {
     static constexpr int MT = WARP_M / MMA_M;                      /* 16-row mma tiles per warp */
     static constexpr int NT = BLOCK_N / MMA_N;                     /* 8-key column tiles of S */
     static constexpr int DT = HEAD_DIM / MMA_N;                    /* 8-feature column tiles of O */
-    static constexpr int BYTES = walker_smem_bytes<cfg>();         /* shared memory per walker */
+    static constexpr int BYTES = walker_smem_bytes<cfg, KV8>();    /* shared memory per walker */
     static constexpr bool WGMMA = use_wgmma<cfg>();
     using q_tile = smem_tile<BLOCK_M, HEAD_DIM>;
     using kv_tile = smem_tile<BLOCK_N, HEAD_DIM>;
@@ -942,15 +989,15 @@ template <typename T, int HEAD_DIM, bool SPLIT> struct tile_addresses {
         : p(p_), w(w_), q(static_cast<const T *>(p_.q))
     {
     }
-    /* Key 0 of the K and V of the piece's kv head (of page 0 when paged). */
-    __device__ __forceinline__ const T *k() const
+    /* Key 0 of the K and V of the piece's kv head (of page 0 when paged), elements KT. */
+    template <typename KT> __device__ __forceinline__ const KT *k() const
     {
-        return static_cast<const T *>(p.k) + w.kv_batch * p.k_batch_stride + w.kv_start * p.k_row_stride +
+        return static_cast<const KT *>(p.k) + w.kv_batch * p.k_batch_stride + w.kv_start * p.k_row_stride +
                w.kv_head() * p.k_head_stride;
     }
-    __device__ __forceinline__ const T *v() const
+    template <typename KT> __device__ __forceinline__ const KT *v() const
     {
-        return static_cast<const T *>(p.v) + w.kv_batch * p.v_batch_stride + w.kv_start * p.v_row_stride +
+        return static_cast<const KT *>(p.v) + w.kv_batch * p.v_batch_stride + w.kv_start * p.v_row_stride +
                w.kv_head() * p.v_head_stride;
     }
     /* Q row r of the tile, or nullptr past the sequence's rows (zero-filled). */
@@ -995,17 +1042,22 @@ template <int N> using in_flight = std::integral_constant<int, N>;
 /*
  * The K/V copy pipeline of one walker: a ring of STAGES shared-memory stages,
  * one cp.async commit group per key block, block j in stage j % STAGES.  PAGED:
- * the rows come through the sequence's block table.
+ * the rows come through the sequence's block table.  KV8: the cache holds
+ * e4m3fn codes; a stage holds codes, and once it has landed the walker widens it
+ * into one T tile of K and one of V (widen), which the tile products read
+ * (product_stage).  K's factor then multiplies S (dequantize_scores) and V's the
+ * finished rows (v_factor): both are per (sequence, kv head), so per walker.
  */
-template <typename T, typename cfg, bool PAGED> struct kv_ring {
-    using shape = walker_shape<cfg>;
-    using kv_tile = typename shape::kv_tile;
+template <typename T, typename cfg, bool PAGED, bool KV8> struct kv_ring {
+    using shape = walker_shape<cfg, KV8>;
+    using KT = std::conditional_t<KV8, uint8_t, T>; /* what the cache holds */
     static constexpr int BLOCK_N = shape::BLOCK_N, HEAD_DIM = shape::HEAD_DIM, STAGES = shape::STAGES;
+    static constexpr int STAGE_BYTES = stage_bytes<cfg, KV8>();
     /* A decode tile is the only reader of its K/V: the plan may have those lines leave
      * L2 first (kv_read_once).  Prefill row tiles of a head share K/V through L2. */
     using kv_copy = std::conditional_t<HAS_L2_HINTS && (cfg::walkers > 1), hinted_copy, plain_copy>;
 
-    using paged = paged_rows<BLOCK_N, HEAD_DIM, shape::THREADS>;
+    using paged = paged_rows<BLOCK_N, stored_cols<KT, HEAD_DIM>(), shape::THREADS>;
     struct no_cursor {
         __device__ no_cursor(const fmha_fwd_params &, int, int, int) {}
     };
@@ -1013,8 +1065,10 @@ template <typename T, typename cfg, bool PAGED> struct kv_ring {
 
     const fmha_fwd_params &p;
     const cta_work &w;
-    const T *k, *v; /* this piece's kv head */
-    T *s_k, *s_v;   /* stage 0 of the K and V rings */
+    const KT *k, *v;           /* this piece's kv head */
+    unsigned char *s_k, *s_v;  /* stage 0 of the K and V rings */
+    T *wide_k, *wide_v;        /* KV8: the widened tiles */
+    float k_factor, v_factor;  /* KV8: the dequantization factors (else 1) */
     uint64_t policy;
     int tid;
     /* PAGED: the table cursor, and the pages of the block the next refill loads (fetched
@@ -1022,12 +1076,63 @@ template <typename T, typename cfg, bool PAGED> struct kv_ring {
     mutable std::conditional_t<PAGED, paged, no_cursor> cursor;
     mutable std::conditional_t<PAGED, typename paged::pages, no_pages> next;
 
-    __device__ __forceinline__ kv_ring(const fmha_fwd_params &p_, const cta_work &w_, const T *k_, const T *v_,
-                                       T *s_k_, T *s_v_, int tid_)
-        : p(p_), w(w_), k(k_), v(v_), s_k(s_k_), s_v(s_v_),
+    /* The ring's stages start after the walker's Q tile, the widened tiles (KV8) at
+     * wide_tiles_offset. */
+    __device__ __forceinline__ kv_ring(const fmha_fwd_params &p_, const cta_work &w_, const KT *k_, const KT *v_,
+                                       unsigned char *walker_smem, int tid_)
+        : p(p_), w(w_), k(k_), v(v_), s_k(walker_smem + shape::q_tile::BYTES),
+          s_v(walker_smem + shape::q_tile::BYTES + STAGES * STAGE_BYTES),
+          wide_k(reinterpret_cast<T *>(walker_smem + wide_tiles_offset<cfg, KV8>())),
+          wide_v(wide_k + shape::kv_tile::ELEMS), k_factor(1.f), v_factor(1.f),
           policy(p_.kv_read_once ? L2_EVICT_FIRST : L2_EVICT_NORMAL), tid(tid_),
           cursor(p_, w_.n_first, w_.n_step, tid_)
     {
+        if constexpr (KV8) {
+            k_factor = kv_factor(p.k_scale, p.k_scales, p.k_scales_batch_stride, p.k_scales_head_stride, w.b,
+                                 w.kv_head());
+            v_factor = kv_factor(p.v_scale, p.v_scales, p.v_scales_batch_stride, p.v_scales_head_stride, w.b,
+                                 w.kv_head());
+        }
+    }
+
+    /* The K and V tiles the products read: stage 0 of the ring, or the widened ones. */
+    __device__ __forceinline__ const T *product_k() const
+    {
+        return KV8 ? wide_k : reinterpret_cast<const T *>(s_k);
+    }
+    __device__ __forceinline__ const T *product_v() const
+    {
+        return KV8 ? wide_v : reinterpret_cast<const T *>(s_v);
+    }
+    /* Which stage of those tiles holds the block of ring stage `stage`. */
+    __device__ __forceinline__ int product_stage(int stage) const { return KV8 ? 0 : stage; }
+
+    /* KV8: ring stage `stage` (landed: wait) widened into the product tiles, which every
+     * warp of the walker may read on return.  The products of the block before are done:
+     * the barrier of its refill came after them. */
+    __device__ __forceinline__ void widen(int stage) const
+    {
+        if constexpr (KV8) {
+            widen_tile<BLOCK_N, HEAD_DIM, shape::THREADS>(wide_k, s_k + stage * STAGE_BYTES, tid);
+            widen_tile<BLOCK_N, HEAD_DIM, shape::THREADS>(wide_v, s_v + stage * STAGE_BYTES, tid);
+            if (shape::WGMMA)
+                fence_proxy_async(); /* generic-proxy writes that wgmma reads next */
+            walker_thread<cfg>::sync();
+        }
+    }
+
+    /* KV8: S of codes times K's factor is S of the dequantized keys. */
+    template <int MT, int NT> __device__ __forceinline__ void dequantize_scores(float (&s)[MT][NT][4]) const
+    {
+        if constexpr (KV8) {
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++)
+                        s[mt][nt][e] *= k_factor;
+        }
     }
 
     /* PAGED: this sequence's row of the block table, and the pages of block n_block (the
@@ -1042,13 +1147,13 @@ template <typename T, typename cfg, bool PAGED> struct kv_ring {
     {
         const int64_t key0 = (int64_t)n_block * BLOCK_N;
         if constexpr (PAGED) {
-            cursor.load(kv_copy(s_k + stage * kv_tile::ELEMS, policy), kv_copy(s_v + stage * kv_tile::ELEMS, policy),
+            cursor.load(kv_copy(s_k + stage * STAGE_BYTES, policy), kv_copy(s_v + stage * STAGE_BYTES, policy),
                         k, v, p, at, w.len_k - key0, tid);
         } else {
-            load_rows<BLOCK_N, HEAD_DIM, shape::THREADS>(kv_copy(s_k + stage * kv_tile::ELEMS, policy),
+            load_rows<BLOCK_N, HEAD_DIM, shape::THREADS>(kv_copy(s_k + stage * STAGE_BYTES, policy),
                                                          k + key0 * p.k_row_stride, p.k_row_stride, w.len_k - key0,
                                                          tid);
-            load_rows<BLOCK_N, HEAD_DIM, shape::THREADS>(kv_copy(s_v + stage * kv_tile::ELEMS, policy),
+            load_rows<BLOCK_N, HEAD_DIM, shape::THREADS>(kv_copy(s_v + stage * STAGE_BYTES, policy),
                                                          v + key0 * p.v_row_stride, p.v_row_stride, w.len_k - key0,
                                                          tid);
         }
@@ -1201,11 +1306,13 @@ __device__ __forceinline__ void walk_keys(O &o, Softmax &softmax, const Math &ma
     for (int j = 0; j < w.n_count; j++) {
         const int stage = j % shape::STAGES;
         ring.wait(in_flight<shape::STAGES - 1>());
+        ring.widen(stage); /* fp8 codes -> T */
         float s[shape::MT][shape::NT][4], rescale[shape::MT][ACC_ROWS];
-        math.scores(s, stage);                  /* S = Q K^T */
+        math.scores(s, ring.product_stage(stage)); /* S = Q K^T */
+        ring.dequantize_scores(s);                 /* fp8: S *= K's factor */
         softmax.update(s, w.block(j), rescale, p); /* P = exp2(S - m_new); m, l */
-        rescale_rows(o, rescale);               /* O *= exp2(m_old - m_new) */
-        math.accumulate(o, s, stage);           /* O += P V */
+        rescale_rows(o, rescale);                  /* O *= exp2(m_old - m_new) */
+        math.accumulate(o, s, ring.product_stage(stage)); /* O += P V */
         ring.refill(j, stage);
     }
 }
@@ -1279,7 +1386,7 @@ template <int BLOCK_M, int HEAD_DIM> struct merge_area {
 template <typename cfg, typename Addr, typename Softmax, typename O>
 __device__ __forceinline__ void write_rows(const O &o, const Softmax &softmax, const Addr &at, const cta_work &w,
                                            const walker_thread<cfg> &me, bool park, unsigned char *walker_smem,
-                                           const float *sinks)
+                                           const float *sinks, float v_factor)
 {
     using shape = walker_shape<cfg>;
     constexpr int MT = shape::MT, DT = shape::DT;
@@ -1297,7 +1404,8 @@ __device__ __forceinline__ void write_rows(const O &o, const Softmax &softmax, c
              * take them (they are on the path of the walker that ends a split). */
             constexpr bool FAST = cfg::walkers > 1;
             const float l = quad_sum(softmax.st.row_sum[mt][half]);
-            const float inv = l == 0.f ? 0.f : FAST ? rcp_fast(l) : 1.f / l;
+            /* v_factor: an fp8 cache's V factor (else 1), which O of codes takes */
+            const float inv = l == 0.f ? 0.f : (FAST ? rcp_fast(l) : 1.f / l) * v_factor;
             const float lse = l == 0.f ? -INFINITY : softmax.st.row_max[mt][half] + (FAST ? log2_fast(l) : log2f(l));
             if (park) {
                 if (acc_row_leader(lane))
@@ -1315,7 +1423,7 @@ __device__ __forceinline__ void write_rows(const O &o, const Softmax &softmax, c
             const int64_t i = w.query_of(row), h = w.head_of(row);
             float row_inv = inv, row_lse = lse * LN2;
             if (sinks)
-                fold_sink(row_lse, row_inv, sinks[h]);
+                fold_sink(row_lse, row_inv, sinks[h]); /* scales row_inv by l / (l + e^sink) */
             const auto dst = at.o_row(i, h) + acc_col(lane);
 #pragma unroll
             for (int dt = 0; dt < DT; dt++)
@@ -1336,11 +1444,11 @@ __device__ __forceinline__ void write_rows(const O &o, const Softmax &softmax, c
  * one, and the 1/total and log2 total are the approximate ones (total >= 1:
  * the top walker weighs 1).  `sinks` (nullptr: none) join the merged rows.
  */
-template <typename cfg, typename Addr>
+template <typename cfg, bool KV8, typename Addr>
 __device__ __forceinline__ void merge_walkers(const Addr &at, const cta_work &w, int ws, unsigned char *smem_raw,
                                               const walker_thread<cfg> &me, const float *sinks)
 {
-    using shape = walker_shape<cfg>;
+    using shape = walker_shape<cfg, KV8>;
     constexpr int BLOCK_M = shape::BLOCK_M, HEAD_DIM = shape::HEAD_DIM, THREADS = shape::THREADS;
     const int first = me.walker - me.walker % ws;
     auto part = [&](int i) { return merge_area<BLOCK_M, HEAD_DIM>(smem_raw + (first + i) * shape::BYTES); };
@@ -1425,13 +1533,16 @@ __device__ __forceinline__ void merge_walkers(const Addr &at, const cta_work &w,
  * The producer: each walker of the CTA takes its piece (make_work), loads its
  * Q tile and passes its key blocks through its K/V ring (kv_ring) into the
  * main loop (walk_keys), then writes its rows (write_rows) or merges them
- * with the other walkers of its split (merge_walkers).
+ * with the other walkers of its split (merge_walkers).  KV8: K and V are an fp8
+ * cache (kv_ring widens it); the overlapped wgmma loop needs two blocks' tiles at
+ * once, so the fp8 tiles take the plain one.
  */
-template <typename T, typename cfg, int MASK, bool SPLIT, bool PAGED>
+template <typename T, typename cfg, int MASK, bool SPLIT, bool PAGED, bool KV8>
 __global__ void __launch_bounds__(cfg::warps * WARP_LANES, cfg::ctas_per_sm)
 fwd_mma_kernel(const fmha_fwd_params p)
 {
-    using shape = walker_shape<cfg>;
+    using shape = walker_shape<cfg, KV8>;
+    using ring_t = kv_ring<T, cfg, PAGED, KV8>;
     static_assert(merge_area<shape::BLOCK_M, shape::HEAD_DIM>::BYTES <= shape::BYTES,
                   "the merge fits a walker's ring");
 
@@ -1442,14 +1553,13 @@ fwd_mma_kernel(const fmha_fwd_params p)
     const int walker = walker_thread<cfg>::walker_of_thread(), tid = walker_thread<cfg>::tid_in_walker();
     unsigned char *walker_smem = smem_raw + walker * shape::BYTES;
     T *s_q = reinterpret_cast<T *>(walker_smem);
-    T *s_k = s_q + shape::q_tile::ELEMS;
-    T *s_v = s_k + shape::STAGES * shape::kv_tile::ELEMS;
 
     const cta_work w = make_work<shape::BLOCK_M, shape::BLOCK_N, MASK, cfg::walkers>(
         p, (int64_t)blockIdx.x * cfg::walkers + walker);
     const walker_thread<cfg> me(walker, tid);
     const tile_addresses<T, shape::HEAD_DIM, SPLIT> at(p, w);
-    const kv_ring<T, cfg, PAGED> ring(p, w, at.k(), at.v(), s_k, s_v, me.tid);
+    const ring_t ring(p, w, at.template k<typename ring_t::KT>(), at.template v<typename ring_t::KT>(),
+                      walker_smem, me.tid);
     ring.fill([&] {
         load_tile<shape::BLOCK_M, shape::HEAD_DIM, shape::THREADS>(
             s_q, at.q, [&](int r) { return at.q_row(r); }, me.tid);
@@ -1458,8 +1568,8 @@ fwd_mma_kernel(const fmha_fwd_params p)
     float o[shape::MT][shape::DT][4];
     zero_rows(o);
     online_softmax<MASK, cfg> softmax(p, w, me);
-    const tile_math<T, cfg, shape::WGMMA> math(s_q, s_k, s_v, me.warp, me.lane);
-    if constexpr (shape::WGMMA && shape::STAGES >= 3)
+    const tile_math<T, cfg, shape::WGMMA> math(s_q, ring.product_k(), ring.product_v(), me.warp, me.lane);
+    if constexpr (shape::WGMMA && shape::STAGES >= 3 && !KV8)
         walk_keys_overlapped<cfg>(o, softmax, math, ring, w, p);
     else
         walk_keys<cfg>(o, softmax, math, ring, w, p);
@@ -1470,13 +1580,16 @@ fwd_mma_kernel(const fmha_fwd_params p)
     const bool merge = cfg::walkers > 1 && p.walkers_per_split > 1;
     /* Sinks join the finished rows; split partials never hold them (the combine folds them). */
     const float *sinks = MASK == MASK_WINDOW && !SPLIT ? p.sinks : nullptr;
-    write_rows(o, softmax, at, w, me, merge, walker_smem, sinks);
+    write_rows(o, softmax, at, w, me, merge, walker_smem, sinks, ring.v_factor);
     if (merge)
-        merge_walkers(at, w, p.walkers_per_split, smem_raw, me, sinks);
+        merge_walkers<cfg, KV8>(at, w, p.walkers_per_split, smem_raw, me, sinks);
 }
 
 /* Dynamic shared memory of one CTA of the kernel above. */
-template <typename cfg> constexpr int fwd_mma_smem_bytes() { return cfg::walkers * walker_smem_bytes<cfg>(); }
+template <typename cfg, bool KV8 = false> constexpr int fwd_mma_smem_bytes()
+{
+    return cfg::walkers * walker_smem_bytes<cfg, KV8>();
+}
 
 }  // namespace fmha
 

@@ -1,8 +1,8 @@
 /*
  * fwd_mma_inst.h: instantiates the tensor-core producer for one head_dim
  * (FMHA_HEAD_DIM, set by the including fwd_d<hd>.hip) over dtype x mask kind
- * (none, causal, window with the other model features) x split x paged K/V, and
- * defines launch_fwd_mma_d<hd>.  One translation unit per head_dim
+ * (none, causal, window with the other model features) x split x paged K/V x
+ * K/V element (the dtype, or an fp8 e4m3fn cache), and defines launch_fwd_mma_d<hd>.  One translation unit per head_dim
  * keeps the parallel build fast.
  */
 #include "fwd_mma.h"
@@ -43,7 +43,7 @@ template <typename Kernel> hipError_t allow_smem(Kernel kernel, int smem)
 template <typename cfg> int occupancy()
 {
     constexpr int smem = fwd_mma_smem_bytes<cfg>();
-    auto kernel = fwd_mma_kernel<fmha_bf16, cfg, MASK_NONE, true, false>;
+    auto kernel = fwd_mma_kernel<fmha_bf16, cfg, MASK_NONE, true, false, false>;
     int ctas = 0;
     if (allow_smem(kernel, smem) != hipSuccess ||
         hipOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, kernel, cfg::warps * WARP_LANES, smem) != hipSuccess) {
@@ -53,11 +53,11 @@ template <typename cfg> int occupancy()
     return ctas;
 }
 
-template <typename T, typename cfg, int MASK, bool SPLIT, bool PAGED>
+template <typename T, typename cfg, int MASK, bool SPLIT, bool PAGED, bool KV8>
 fmha_status launch_variant(const fmha_fwd_params &p)
 {
-    constexpr int smem = fwd_mma_smem_bytes<cfg>();
-    auto kernel = fwd_mma_kernel<T, cfg, MASK, SPLIT, PAGED>;
+    constexpr int smem = fwd_mma_smem_bytes<cfg, KV8>();
+    auto kernel = fwd_mma_kernel<T, cfg, MASK, SPLIT, PAGED, KV8>;
     /* The attribute is per device: set it once for each (a bit per ordinal). */
     static std::atomic<uint64_t> smem_allowed{0};
     const uint64_t bit = p.device < 64 ? 1ull << p.device : 0;
@@ -85,18 +85,26 @@ fmha_status launch_variant(const fmha_fwd_params &p)
 }
 
 /* The plan's partials: fp32 partials for the combine (splits, or an out_dtype of its own). */
-template <typename T, typename cfg, int MASK, bool PAGED> fmha_status launch_split(const fmha_fwd_params &p)
+template <typename T, typename cfg, int MASK, bool PAGED, bool KV8>
+fmha_status launch_split(const fmha_fwd_params &p)
 {
-    return p.partials ? launch_variant<T, cfg, MASK, true, PAGED>(p)
-                      : launch_variant<T, cfg, MASK, false, PAGED>(p);
+    return p.partials ? launch_variant<T, cfg, MASK, true, PAGED, KV8>(p)
+                      : launch_variant<T, cfg, MASK, false, PAGED, KV8>(p);
 }
 
 /* Any model feature (a window, a softcap, sinks) takes the window kind (fwd_mma.h mask_kind). */
-template <typename T, typename cfg, bool PAGED> fmha_status launch_mask(const fmha_fwd_params &p)
+template <typename T, typename cfg, bool PAGED, bool KV8> fmha_status launch_mask(const fmha_fwd_params &p)
 {
     if (fmha_features(&p))
-        return launch_split<T, cfg, MASK_WINDOW, PAGED>(p);
-    return p.causal ? launch_split<T, cfg, MASK_CAUSAL, PAGED>(p) : launch_split<T, cfg, MASK_NONE, PAGED>(p);
+        return launch_split<T, cfg, MASK_WINDOW, PAGED, KV8>(p);
+    return p.causal ? launch_split<T, cfg, MASK_CAUSAL, PAGED, KV8>(p)
+                    : launch_split<T, cfg, MASK_NONE, PAGED, KV8>(p);
+}
+
+/* An fp8 e4m3fn cache (fmha.h kv_dtype) takes the instances that widen it (fwd_mma.h kv_ring). */
+template <typename T, typename cfg, bool PAGED> fmha_status launch_kv(const fmha_fwd_params &p)
+{
+    return p.kv_dtype == FMHA_DTYPE_E4M3 ? launch_mask<T, cfg, PAGED, true>(p) : launch_mask<T, cfg, PAGED, false>(p);
 }
 
 template <typename T, typename cfg> fmha_status launch_tiles(const fmha_fwd_params &p)
@@ -113,7 +121,7 @@ template <typename T, typename cfg> fmha_status launch_tiles(const fmha_fwd_para
         record_error("fwd_mma: pages of more than 2^30 keys", hipSuccess);
         return FMHA_ERR_UNSUPPORTED;
     }
-    return p.block_table ? launch_mask<T, cfg, true>(p) : launch_mask<T, cfg, false>(p);
+    return p.block_table ? launch_kv<T, cfg, true>(p) : launch_kv<T, cfg, false>(p);
 }
 
 template <typename T> fmha_status launch_dtype(const fmha_fwd_params &p)

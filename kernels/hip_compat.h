@@ -171,6 +171,32 @@ __device__ __forceinline__ fmha_qr fmha_divide(int64_t a, int64_t b)
     return {a / b, a % b};
 }
 
+/*
+ * float8 e4m3fn conversions in hardware (NVIDIA sm_89+: cvt with e4m3x2), where
+ * FMHA_HAS_E4M3_CVT is 1; convert.h has the portable spelling for the rest.
+ *   fmha_e4m3x2_to_half2(c)    the two codes in the low and high byte of c as the
+ *                              low and high half of an f16x2 (exact; NaN stays NaN)
+ *   fmha_floats_to_e4m3x2(lo, hi)  round to nearest even, saturated to +-448, NaN
+ *                              kept: lo in the low byte
+ */
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+#define FMHA_HAS_E4M3_CVT 1
+__device__ __forceinline__ uint32_t fmha_e4m3x2_to_half2(uint16_t c)
+{
+    uint32_t h;
+    asm("cvt.rn.f16x2.e4m3x2 %0, %1;\n" : "=r"(h) : "h"(c));
+    return h;
+}
+__device__ __forceinline__ uint16_t fmha_floats_to_e4m3x2(float lo, float hi)
+{
+    uint16_t c;
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n" : "=h"(c) : "f"(hi), "f"(lo));
+    return c;
+}
+#else
+#define FMHA_HAS_E4M3_CVT 0
+#endif
+
 /* Lanes per warp (wavefront): 32 on NVIDIA and RDNA, 64 on CDNA. */
 #if defined(__HIP_DEVICE_COMPILE__) && defined(__AMDGCN_WAVEFRONT_SIZE)
 #define FMHA_WARP_SIZE __AMDGCN_WAVEFRONT_SIZE

@@ -1,7 +1,8 @@
 /*
  * launch.h: what the kernel translation units share with each other (not with
  * the C host code, which sees gpu_runtime.h): the clamp of packed sequence
- * bounds that the producer, the append and the combine apply alike, the
+ * bounds and an fp8 cache's factors, which the producer, the append and the
+ * combine apply alike, the
  * per-head_dim producer launchers instantiated in fwd_d*.hip, the combine
  * launcher, and the error recording of runtime.hip.
  */
@@ -32,6 +33,14 @@ __device__ __forceinline__ packed_span packed_span_of(const int32_t *cu, int64_t
     const int64_t cap = start + longest < total ? start + longest : total;
     const int64_t end = hi < start ? start : hi > cap ? cap : hi;
     return {start, end - start, start != lo || end != hi};
+}
+
+/* The dequantization factor of an fp8 cache's kv head h in sequence b (fmha.h), which
+ * the producer and the append's quantize-on-write apply alike. */
+__device__ __forceinline__ float kv_factor(float scale, const float *scales, int64_t batch_stride,
+                                           int64_t head_stride, int64_t b, int64_t h)
+{
+    return scales ? scale * scales[b * batch_stride + h * head_stride] : scale;
 }
 
 /* Record a failed runtime call for fmha_rt_error_string(); returns FMHA_ERR_RUNTIME. */

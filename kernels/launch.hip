@@ -34,9 +34,12 @@ __host__ __device__ inline int64_t append_rows(const fmha_fwd_params &p)
  * Device metadata is not checked on the host: a sequence whose bounds fmha.h's
  * clamp rules reject, or whose rows would not fit in [0, capacity), writes
  * nothing (the producer makes its rows NaN), and nothing is written through a
- * page entry outside [0, num_pages).
+ * page entry outside [0, num_pages).  KV8: the cache holds e4m3fn codes and the new
+ * rows (in T) are quantized on write, x / factor rounded as convert.h's
+ * float_to_e4m3 (the CPU backend's rule), a 16-byte chunk of T into 8 codes.
  */
-template <typename T> __global__ void __launch_bounds__(APPEND_THREADS) append_kv_kernel(const fmha_fwd_params p)
+template <typename T, bool KV8>
+__global__ void __launch_bounds__(APPEND_THREADS) append_kv_kernel(const fmha_fwd_params p)
 {
     constexpr int ELEMS = 16 / sizeof(T);
     const int64_t chunks = p.head_dim / ELEMS, rows = append_rows(p);
@@ -76,11 +79,34 @@ template <typename T> __global__ void __launch_bounds__(APPEND_THREADS) append_k
                    hk * (is_v ? p.vnew_head_stride : p.knew_head_stride) + c * ELEMS;
     /* The cache is declared const in the params (it is read-only for attention);
      * the append is the one writer, and the host glue checked it is writable. */
-    T *dst = const_cast<T *>(static_cast<const T *>(is_v ? p.v : p.k)) +
-             dst_batch * (is_v ? p.v_batch_stride : p.k_batch_stride) +
-             dst_row * (is_v ? p.v_row_stride : p.k_row_stride) +
-             hk * (is_v ? p.v_head_stride : p.k_head_stride) + c * ELEMS;
-    *reinterpret_cast<uint4 *>(dst) = *reinterpret_cast<const uint4 *>(src);
+    using KT = std::conditional_t<KV8, uint8_t, T>;
+    KT *dst = const_cast<KT *>(static_cast<const KT *>(is_v ? p.v : p.k)) +
+              dst_batch * (is_v ? p.v_batch_stride : p.k_batch_stride) +
+              dst_row * (is_v ? p.v_row_stride : p.k_row_stride) +
+              hk * (is_v ? p.v_head_stride : p.k_head_stride) + c * ELEMS;
+    if constexpr (KV8) {
+        const float factor = is_v ? kv_factor(p.v_scale, p.v_scales, p.v_scales_batch_stride,
+                                              p.v_scales_head_stride, b, hk)
+                                  : kv_factor(p.k_scale, p.k_scales, p.k_scales_batch_stride,
+                                              p.k_scales_head_stride, b, hk);
+        T x[ELEMS];
+        *reinterpret_cast<uint4 *>(x) = *reinterpret_cast<const uint4 *>(src);
+        uint32_t codes[ELEMS / 4];
+        for (int i = 0; i < ELEMS / 4; i++)
+            codes[i] = narrow_to_e4m3x2(load_float(x[4 * i]) / factor, load_float(x[4 * i + 1]) / factor) |
+                       narrow_to_e4m3x2(load_float(x[4 * i + 2]) / factor, load_float(x[4 * i + 3]) / factor) << 16;
+        *reinterpret_cast<uint2 *>(dst) = make_uint2(codes[0], codes[1]);
+    } else {
+        *reinterpret_cast<uint4 *>(dst) = *reinterpret_cast<const uint4 *>(src);
+    }
+}
+
+template <typename T> void launch_append_kv(const fmha_fwd_params &p, int64_t ctas)
+{
+    if (p.kv_dtype == FMHA_DTYPE_E4M3)
+        append_kv_kernel<T, true><<<dim3((unsigned)ctas), APPEND_THREADS, 0, (hipStream_t)p.stream>>>(p);
+    else
+        append_kv_kernel<T, false><<<dim3((unsigned)ctas), APPEND_THREADS, 0, (hipStream_t)p.stream>>>(p);
 }
 
 fmha_status launch_append(const fmha_fwd_params &p)
@@ -90,9 +116,9 @@ fmha_status launch_append(const fmha_fwd_params &p)
         return FMHA_OK;
     const int64_t ctas = (total + APPEND_THREADS - 1) / APPEND_THREADS;
     if (p.dtype == FMHA_DTYPE_F16)
-        append_kv_kernel<fmha_half><<<dim3((unsigned)ctas), APPEND_THREADS, 0, (hipStream_t)p.stream>>>(p);
+        launch_append_kv<fmha_half>(p, ctas);
     else
-        append_kv_kernel<fmha_bf16><<<dim3((unsigned)ctas), APPEND_THREADS, 0, (hipStream_t)p.stream>>>(p);
+        launch_append_kv<fmha_bf16>(p, ctas);
     return check_launch("append_kv_kernel");
 }
 

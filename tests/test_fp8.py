@@ -6,9 +6,9 @@ unchanged after a refusal), explain(), the torch ops, and the GPU gate.
 
 Expected values come from fmha_native.reference only: it decodes the codes from their
 bit fields and quantizes with its own nearest-value search, and both are checked here
-against ml_dtypes where it is installed.  The GPU kernels do not read fp8 yet: the gate
-item is checked on CPU CI through _plan_for_device, and the device refusal only with a
-GPU (skipped without one)."""
+against ml_dtypes where it is installed.  The GPU gate and plan are checked on CPU CI
+through _plan_for_device; one GPU run here (skipped without a GPU), the GPU paths one by
+one in test_gpu_fp8.py."""
 import numpy as np
 import pytest
 
@@ -506,31 +506,40 @@ H100 = dict(name="NVIDIA H100 80GB HBM3", arch="sm_90", cc=(9, 0), sm_count=132,
             l2_bytes=50 << 20, max_smem_per_block=227 << 10, max_smem_per_sm=228 << 10)
 
 
-def test_gpu_gate_refuses_an_fp8_cache():
+def test_gpu_gate_admits_an_fp8_cache_on_the_tensor_core_tiles():
     problem = dict(batch=1, seqlen_q=1, seqlen_k=8192, heads_q=32, heads_kv=8, head_dim=128,
                    dtype="bfloat16")
     plan = _fmha_native._plan_for_device(problem, H100)
     assert plan["supported"] is True and plan["kv_dtype"] == "bfloat16"
     plan = _fmha_native._plan_for_device(dict(problem, kv_dtype="float8_e4m3fn"), H100)
+    assert plan["supported"] is True and plan["kv_dtype"] == "float8_e4m3fn"
+    assert all(item["met"] for item in plan["gate"].values())
+    assert "sm90" not in plan["kernel"], plan["kernel"]
+    # Prefill too runs on the tensor-core tiles, which widen the codes; explain says why
+    # the sm90 kernel does not.
+    prefill = dict(problem, seqlen_q=4096, seqlen_k=4096, kv_dtype="float8_e4m3fn")
+    plan = _fmha_native._plan_for_device(prefill, H100)
+    assert plan["supported"] is True and "sm90" not in plan["kernel"], plan["kernel"]
+    # An fp32 q has no GPU kernel with or without an fp8 cache.
+    plan = _fmha_native._plan_for_device(dict(problem, dtype="float32",
+                                              kv_dtype="float8_e4m3fn"), H100)
     assert plan["supported"] is False and plan["gate"]["dtype"]["met"] is False
-    assert plan["reason"].startswith("a float8_e4m3fn KV cache is not supported by the GPU "
-                                     "kernels yet"), plan["reason"]
-    assert all(item["met"] for name, item in plan["gate"].items() if name != "dtype")
+    assert plan["reason"].startswith("float32 q with a float8_e4m3fn KV cache is not supported"
+                                     ), plan["reason"]
 
 
-def test_device_gpu_refuses_fp8_cleanly():
+def test_device_gpu_runs_fp8():
+    """The GPU run of host arrays and of torch CUDA tensors against the reference
+    (tests/test_gpu_fp8.py covers the GPU paths one by one)."""
     if not gpu_devices():
         pytest.skip(NO_GPU_REASON)
     rng = np.random.default_rng(3100)
     q, kc, vc = _inputs(rng)
-    with pytest.raises(NotImplementedError, match=r"^a float8_e4m3fn KV cache"):
-        fmha_native.forward(q, kc, vc, kv_dtype="e4m3fn", k_scale=0.5, device="gpu")
-    # Host arrays with device=None: the CPU runs it and explain says why.
-    plan = fmha_native.explain(q, kc, vc, kv_dtype="e4m3fn", k_scale=0.5)
-    assert plan["backend"] == "cpu" and plan["gpu_rejected"]["gate"]["dtype"]["met"] is False
     ref = reference.forward(q, kc, vc, kv_dtype="e4m3fn", k_scale=0.5)
-    out, lse = fmha_native.forward(q, kc, vc, kv_dtype="e4m3fn", k_scale=0.5)
+    out, lse = fmha_native.forward(q, kc, vc, kv_dtype="e4m3fn", k_scale=0.5, device="gpu")
     assert_close(as_f64(out), as_f64(lse), ref[0], ref[1], "f16")
+    plan = fmha_native.explain(q, kc, vc, kv_dtype="e4m3fn", k_scale=0.5, device="gpu")
+    assert plan["backend"] == "gpu" and "sm90" not in plan["kernel"], plan["kernel"]
     if torch is not None and torch.cuda.is_available():
         dev = torch.device("cuda")
         tq = torch.from_numpy(q).to(dev)
@@ -538,6 +547,6 @@ def test_device_gpu_refuses_fp8_cleanly():
         tv = torch.from_numpy(vc).to(dev).view(torch.float8_e4m3fn)
         scale = torch.full((2,), 0.5, device=dev)
         before = tk.clone()
-        with pytest.raises(NotImplementedError, match=r"^a float8_e4m3fn KV cache"):
-            fmha_native.forward(tq, tk, tv, k_scale=scale)
+        out, lse = fmha_native.forward(tq, tk, tv, k_scale=scale)
+        assert_close(as_f64(out.cpu().numpy()), as_f64(lse.cpu().numpy()), ref[0], ref[1], "f16")
         assert torch.equal(tk.view(torch.uint8), before.view(torch.uint8))
