@@ -213,8 +213,12 @@ __device__ __forceinline__ void widen_tile(T *dst, const unsigned char *src, int
         const uint4 c = *reinterpret_cast<const uint4 *>(src + codes::offset(row, chunk) * 2);
         const uint2 a = widen_e4m3x4<T>(c.x), b = widen_e4m3x4<T>(c.y);
         const uint2 d = widen_e4m3x4<T>(c.z), e = widen_e4m3x4<T>(c.w);
-        *reinterpret_cast<uint4 *>(dst + wide::offset(row, 2 * chunk)) = make_uint4(a.x, a.y, b.x, b.y);
-        *reinterpret_cast<uint4 *>(dst + wide::offset(row, 2 * chunk + 1)) = make_uint4(d.x, d.y, e.x, e.y);
+        /* Chunks 4..7 of eight lanes store their odd half first: the eight 16-byte
+         * stores of a phase then land in eight different bank groups. */
+        const int first = chunk & 4 ? 1 : 0;
+        const uint4 lo = make_uint4(a.x, a.y, b.x, b.y), hi = make_uint4(d.x, d.y, e.x, e.y);
+        *reinterpret_cast<uint4 *>(dst + wide::offset(row, 2 * chunk + first)) = first ? hi : lo;
+        *reinterpret_cast<uint4 *>(dst + wide::offset(row, 2 * chunk + 1 - first)) = first ? lo : hi;
     }
 }
 
@@ -1107,14 +1111,17 @@ template <typename T, typename cfg, bool PAGED, bool KV8> struct kv_ring {
     /* Which stage of those tiles holds the block of ring stage `stage`. */
     __device__ __forceinline__ int product_stage(int stage) const { return KV8 ? 0 : stage; }
 
-    /* KV8: ring stage `stage` (landed: wait) widened into the product tiles, which every
-     * warp of the walker may read on return.  The products of the block before are done:
-     * the barrier of its refill came after them. */
-    __device__ __forceinline__ void widen(int stage) const
+    /* KV8: the K of ring stage k_stage and the V of v_stage (landed: wait; -1: neither)
+     * widened into the product tiles, which every warp of the walker may read on
+     * return.  The products that read those tiles before are done: the barrier of the
+     * last refill came after them. */
+    __device__ __forceinline__ void widen(int k_stage, int v_stage) const
     {
         if constexpr (KV8) {
-            widen_tile<BLOCK_N, HEAD_DIM, shape::THREADS>(wide_k, s_k + stage * STAGE_BYTES, tid);
-            widen_tile<BLOCK_N, HEAD_DIM, shape::THREADS>(wide_v, s_v + stage * STAGE_BYTES, tid);
+            if (k_stage >= 0)
+                widen_tile<BLOCK_N, HEAD_DIM, shape::THREADS>(wide_k, s_k + k_stage * STAGE_BYTES, tid);
+            if (v_stage >= 0)
+                widen_tile<BLOCK_N, HEAD_DIM, shape::THREADS>(wide_v, s_v + v_stage * STAGE_BYTES, tid);
             if (shape::WGMMA)
                 fence_proxy_async(); /* generic-proxy writes that wgmma reads next */
             walker_thread<cfg>::sync();
@@ -1306,7 +1313,7 @@ __device__ __forceinline__ void walk_keys(O &o, Softmax &softmax, const Math &ma
     for (int j = 0; j < w.n_count; j++) {
         const int stage = j % shape::STAGES;
         ring.wait(in_flight<shape::STAGES - 1>());
-        ring.widen(stage); /* fp8 codes -> T */
+        ring.widen(stage, stage); /* fp8 codes -> T */
         float s[shape::MT][shape::NT][4], rescale[shape::MT][ACC_ROWS];
         math.scores(s, ring.product_stage(stage)); /* S = Q K^T */
         ring.dequantize_scores(s);                 /* fp8: S *= K's factor */
@@ -1321,7 +1328,8 @@ __device__ __forceinline__ void walk_keys(O &o, Softmax &softmax, const Math &ma
  * The same loop for the asynchronous wgmma engine: issue S(j+1) = Q K(j+1)^T
  * and O += P(j) V(j) back to back, run the softmax of block j+1 while P(j) V(j)
  * is still on the tensor cores, then rescale O once it is done.  S(j+1) needs
- * block j+1 one iteration early, hence at least three stages.
+ * block j+1 one iteration early, hence at least three stages.  An fp8 cache's K(j+1)
+ * and V(j) are widened together before they are issued (one product tile each).
  */
 template <typename cfg, typename Math, typename Softmax, typename Ring, typename O>
 __device__ __forceinline__ void walk_keys_overlapped(O &o, Softmax &softmax, const Math &math, const Ring &ring,
@@ -1335,7 +1343,9 @@ __device__ __forceinline__ void walk_keys_overlapped(O &o, Softmax &softmax, con
     float s[shape::MT][shape::NT][4], rescale[shape::MT][ACC_ROWS];
     uint32_t pa[shape::BLOCK_N / MMA_K][4];
     ring.wait(in_flight<STAGES - 1>());
-    math.scores(s, 0);                      /* S(0) = Q K(0)^T */
+    ring.widen(0, -1);
+    math.scores(s, ring.product_stage(0));  /* S(0) = Q K(0)^T */
+    ring.dequantize_scores(s);
     softmax.update(s, w.block(0), rescale, p); /* O is still zero: no rescale */
     math.p_operands(pa, s);
     /* Every block but the last: the wgmma groups are the same each time (no group
@@ -1343,16 +1353,19 @@ __device__ __forceinline__ void walk_keys_overlapped(O &o, Softmax &softmax, con
     for (int j = 0; j + 1 < w.n_count; j++) {
         const int stage = j % STAGES;
         ring.wait(in_flight<STAGES - 2>());
-        math.scores_async(s, (stage + 1) % STAGES); /* S(j+1) = Q K(j+1)^T */
-        math.accumulate_async(o, pa, stage);       /* O += P(j) V(j) */
+        ring.widen((stage + 1) % STAGES, stage);
+        math.scores_async(s, ring.product_stage((stage + 1) % STAGES)); /* S(j+1) = Q K(j+1)^T */
+        math.accumulate_async(o, pa, ring.product_stage(stage));       /* O += P(j) V(j) */
         math.template wait<1>(s);
+        ring.dequantize_scores(s);                     /* fp8: S *= K's factor */
         softmax.update(s, w.block(j + 1), rescale, p); /* while P(j) V(j) runs */
         math.template wait<0>(o);
         rescale_rows(o, rescale); /* O *= exp2(m_old - m_new) */
         math.p_operands(pa, s);
         ring.refill(j, stage);
     }
-    math.accumulate_async(o, pa, (w.n_count - 1) % STAGES); /* O += P(last) V(last) */
+    ring.widen(-1, (w.n_count - 1) % STAGES);
+    math.accumulate_async(o, pa, ring.product_stage((w.n_count - 1) % STAGES)); /* O += P(last) V(last) */
     math.template wait<0>(o);
 }
 
@@ -1534,8 +1547,7 @@ __device__ __forceinline__ void merge_walkers(const Addr &at, const cta_work &w,
  * Q tile and passes its key blocks through its K/V ring (kv_ring) into the
  * main loop (walk_keys), then writes its rows (write_rows) or merges them
  * with the other walkers of its split (merge_walkers).  KV8: K and V are an fp8
- * cache (kv_ring widens it); the overlapped wgmma loop needs two blocks' tiles at
- * once, so the fp8 tiles take the plain one.
+ * cache (kv_ring widens it).
  */
 template <typename T, typename cfg, int MASK, bool SPLIT, bool PAGED, bool KV8>
 __global__ void __launch_bounds__(cfg::warps * WARP_LANES, cfg::ctas_per_sm)
@@ -1569,7 +1581,7 @@ fwd_mma_kernel(const fmha_fwd_params p)
     zero_rows(o);
     online_softmax<MASK, cfg> softmax(p, w, me);
     const tile_math<T, cfg, shape::WGMMA> math(s_q, ring.product_k(), ring.product_v(), me.warp, me.lane);
-    if constexpr (shape::WGMMA && shape::STAGES >= 3 && !KV8)
+    if constexpr (shape::WGMMA && shape::STAGES >= 3)
         walk_keys_overlapped<cfg>(o, softmax, math, ring, w, p);
     else
         walk_keys<cfg>(o, softmax, math, ring, w, p);
