@@ -908,12 +908,33 @@ template <typename cfg, bool KV8> constexpr int stage_bytes()
     return smem_tile<cfg::block_n, KV8 ? cfg::head_dim / 2 : cfg::head_dim>::BYTES;
 }
 
-/* Where a walker's widened K and V tiles (KV8) start: after its Q tile and K/V ring,
- * 1024-aligned. */
-template <typename cfg, bool KV8> constexpr int wide_tiles_offset()
+/* Where a walker's widened K and V tiles (KV8) start: after its Q tile and a K/V ring
+ * of `stages`, 1024-aligned. */
+template <typename cfg, bool KV8> constexpr int wide_tiles_offset(int stages)
 {
-    return atom_align(smem_tile<cfg::block_m, cfg::head_dim>::BYTES +
-                      2 * ring_stages(cfg::stages) * stage_bytes<cfg, KV8>());
+    return atom_align(smem_tile<cfg::block_m, cfg::head_dim>::BYTES + 2 * stages * stage_bytes<cfg, KV8>());
+}
+/* Shared memory of one walker with a ring of `stages` (KV8: then one widened K and V tile). */
+template <typename cfg, bool KV8> constexpr int walker_bytes(int stages)
+{
+    return wide_tiles_offset<cfg, KV8>(stages) +
+           (KV8 ? atom_align(2 * smem_tile<cfg::block_n, cfg::head_dim>::BYTES) : 0);
+}
+
+/*
+ * The K/V ring's stages: the configured ones, or (KV8) as many as fit the 16-bit
+ * walker's shared memory.  An fp8 stage holds half the bytes, and a walker keeps its
+ * loads in flight only STAGES - 1 blocks ahead, so the deeper ring keeps about as many
+ * bytes in flight as the 16-bit one, at the same occupancy.  (AMD's ring is one stage.)
+ */
+template <typename cfg, bool KV8> constexpr int kv_stages()
+{
+    const int budget = walker_bytes<cfg, false>(ring_stages(cfg::stages));
+    int stages = ring_stages(cfg::stages);
+    if (KV8 && stages > 1)
+        while (stages < 2 * cfg::stages && walker_bytes<cfg, true>(stages + 1) <= budget)
+            stages++;
+    return stages;
 }
 
 /* Shared memory of one walker: its Q tile and K/V ring (KV8: then one widened K and V
@@ -921,13 +942,13 @@ template <typename cfg, bool KV8> constexpr int wide_tiles_offset()
  * every walker's tiles stay aligned. */
 template <typename cfg, bool KV8 = false> constexpr int walker_smem_bytes()
 {
-    return wide_tiles_offset<cfg, KV8>() + (KV8 ? atom_align(2 * smem_tile<cfg::block_n, cfg::head_dim>::BYTES) : 0);
+    return walker_bytes<cfg, KV8>(kv_stages<cfg, KV8>());
 }
 
 /* The per-walker sizes of a tile config, as the pieces below use them. */
 template <typename cfg, bool KV8 = false> struct walker_shape {
     static constexpr int HEAD_DIM = cfg::head_dim, BLOCK_M = cfg::block_m, BLOCK_N = cfg::block_n;
-    static constexpr int STAGES = ring_stages(cfg::stages);
+    static constexpr int STAGES = kv_stages<cfg, KV8>();
     static constexpr int THREADS = cfg::walker_warps * WARP_LANES; /* of one walker */
     static constexpr int WARP_M = BLOCK_M / cfg::walker_warps;     /* rows per warp */
     static constexpr int MT = WARP_M / MMA_M;                      /* 16-row mma tiles per warp */
@@ -1086,7 +1107,7 @@ template <typename T, typename cfg, bool PAGED, bool KV8> struct kv_ring {
                                        unsigned char *walker_smem, int tid_)
         : p(p_), w(w_), k(k_), v(v_), s_k(walker_smem + shape::q_tile::BYTES),
           s_v(walker_smem + shape::q_tile::BYTES + STAGES * STAGE_BYTES),
-          wide_k(reinterpret_cast<T *>(walker_smem + wide_tiles_offset<cfg, KV8>())),
+          wide_k(reinterpret_cast<T *>(walker_smem + wide_tiles_offset<cfg, KV8>(STAGES))),
           wide_v(wide_k + shape::kv_tile::ELEMS), k_factor(1.f), v_factor(1.f),
           policy(p_.kv_read_once ? L2_EVICT_FIRST : L2_EVICT_NORMAL), tid(tid_),
           cursor(p_, w_.n_first, w_.n_step, tid_)
@@ -1309,7 +1330,7 @@ template <typename cfg, typename Math, typename Softmax, typename Ring, typename
 __device__ __forceinline__ void walk_keys(O &o, Softmax &softmax, const Math &math, const Ring &ring,
                                           const cta_work &w, const fmha_fwd_params &p)
 {
-    using shape = walker_shape<cfg>;
+    using shape = typename Ring::shape;
     for (int j = 0; j < w.n_count; j++) {
         const int stage = j % shape::STAGES;
         ring.wait(in_flight<shape::STAGES - 1>());
@@ -1335,7 +1356,7 @@ template <typename cfg, typename Math, typename Softmax, typename Ring, typename
 __device__ __forceinline__ void walk_keys_overlapped(O &o, Softmax &softmax, const Math &math, const Ring &ring,
                                                      const cta_work &w, const fmha_fwd_params &p)
 {
-    using shape = walker_shape<cfg>;
+    using shape = typename Ring::shape;
     constexpr int STAGES = shape::STAGES;
     static_assert(STAGES >= 3, "S(j+1) reads block j+1 while block j is in use");
     if (w.n_count == 0)

@@ -2,6 +2,7 @@
 first runs warm up, ncu then profiles the launches it is told to.  PEER=cudnn
 or PEER=flash in the environment runs torch SDPA with that backend instead of
 fmha_native (same tensors, its [B, H, S, D] views), to profile a peer's kernels.
+KV=fp8 gives fmha_native K/V as float8_e4m3fn (an fp8 KV cache, factors 1).
 
     python benchmarks/tools/profile_case.py B HQ HKV SQ SK D causal [num_splits] [reps]
 """
@@ -30,6 +31,8 @@ if peer:
         with sdpa_kernel(backend):
             F.scaled_dot_product_attention(qt, kt, vt, is_causal=bool(causal), enable_gqa=hq != hkv)
 else:
+    if os.environ.get("KV") == "fp8":
+        k, v = k.to(torch.float8_e4m3fn), v.to(torch.float8_e4m3fn)
     print(fmha_native.explain(q, k, v, causal=bool(causal), num_splits=splits)["reason"])
     for _ in range(reps):
         fmha_native.forward(q, k, v, causal=bool(causal), num_splits=splits)
