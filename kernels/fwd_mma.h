@@ -41,6 +41,7 @@
 #include "mma_sm90.h"
 #endif
 
+#include <float.h>
 #include <math.h>
 #include <type_traits>
 
@@ -1065,13 +1066,75 @@ template <typename T, int HEAD_DIM, bool SPLIT> struct tile_addresses {
 template <int N> using in_flight = std::integral_constant<int, N>;
 
 /*
+ * The tile products' element type: T, or for an fp8 cache with bfloat16 q on NVIDIA,
+ * float16.  A code widens to fp16 in one conversion (to bf16 it takes several), Q's
+ * rows are rescaled into fp16 by a power of two each (to_half_rows), and P is
+ * rounded to fp16, which is finer than bf16.
+ */
+template <typename T, bool KV8>
+using product_type =
+    std::conditional_t<KV8 && std::is_same<T, fmha_bf16>::value && !FMHA_DEVICE_IS_AMD, fmha_half, T>;
+
+/*
+ * A bfloat16 Q tile in shared memory rewritten in place as float16, row r times 2^e_r,
+ * e_r putting the row's largest |q| in [2^14, 2^15).  A bf16 has 8 significant bits, so
+ * every element above 2^-31 of its row's largest is exact in fp16; smaller ones lie
+ * below what the fp32 dot product keeps of the largest term anyway.  The lanes that
+ * hold a row's accumulators (acc_row) share its chunks and its max; `inv` gets 2^-e_r
+ * for this thread's rows.  A row whose max is not finite keeps e = 0 (inf, NaN stay).
+ */
+template <typename cfg, int MT>
+__device__ __forceinline__ void to_half_rows(void *s_q, float (&inv)[MT][ACC_ROWS], int warp, int lane)
+{
+    using shape = walker_shape<cfg>;
+    using tile = typename shape::q_tile;
+    uint16_t *q = static_cast<uint16_t *>(s_q);
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int half = 0; half < ACC_ROWS; half++) {
+            const int row = warp * shape::WARP_M + mt * MMA_M + acc_row(lane) + half * ACC_ROW_STRIDE;
+            float top = 0.f;
+            for (int c = lane % LANES_PER_ROW; c < tile::CHUNKS; c += LANES_PER_ROW) {
+                const uint4 raw = *reinterpret_cast<const uint4 *>(q + tile::offset(row, c));
+                const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+                for (int i = 0; i < 4; i++)
+                    top = fmaxf(top, fmaxf(fabsf(__uint_as_float(w[i] << 16)),
+                                           fabsf(__uint_as_float(w[i] & 0xffff0000u))));
+            }
+            top = quad_max(top);
+            int e = 0;
+            if (top > 0.f && top <= FLT_MAX) {
+                const int floor_log2 = (int)(__float_as_uint(top) >> 23) - 127; /* -127: fp32 subnormal */
+                e = 14 - floor_log2 < 126 ? 14 - floor_log2 : 126;
+            }
+            const float scale = __uint_as_float((uint32_t)(127 + e) << 23);
+            inv[mt][half] = __uint_as_float((uint32_t)(127 - e) << 23);
+            for (int c = lane % LANES_PER_ROW; c < tile::CHUNKS; c += LANES_PER_ROW) {
+                uint4 *at = reinterpret_cast<uint4 *>(q + tile::offset(row, c));
+                const uint4 raw = *at;
+                uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    const __half2 h = __floats2half2_rn(__uint_as_float(w[i] << 16) * scale,
+                                                        __uint_as_float(w[i] & 0xffff0000u) * scale);
+                    w[i] = *reinterpret_cast<const uint32_t *>(&h);
+                }
+                *at = make_uint4(w[0], w[1], w[2], w[3]);
+            }
+        }
+}
+
+/*
  * The K/V copy pipeline of one walker: a ring of STAGES shared-memory stages,
  * one cp.async commit group per key block, block j in stage j % STAGES.  PAGED:
  * the rows come through the sequence's block table.  KV8: the cache holds
  * e4m3fn codes; a stage holds codes, and once it has landed the walker widens it
  * into one T tile of K and one of V (widen), which the tile products read
- * (product_stage).  K's factor then multiplies S (dequantize_scores) and V's the
- * finished rows (v_factor): both are per (sequence, kv head), so per walker.
+ * (product_stage).  K's factor then multiplies S (online_softmax's row factors) and
+ * V's the finished rows (v_factor): both are per (sequence, kv head), so per walker.
+ * T is the products' type (product_type).
  */
 template <typename T, typename cfg, bool PAGED, bool KV8> struct kv_ring {
     using shape = walker_shape<cfg, KV8>;
@@ -1146,20 +1209,6 @@ template <typename T, typename cfg, bool PAGED, bool KV8> struct kv_ring {
             if (shape::WGMMA)
                 fence_proxy_async(); /* generic-proxy writes that wgmma reads next */
             walker_thread<cfg>::sync();
-        }
-    }
-
-    /* KV8: S of codes times K's factor is S of the dequantized keys. */
-    template <int MT, int NT> __device__ __forceinline__ void dequantize_scores(float (&s)[MT][NT][4]) const
-    {
-        if constexpr (KV8) {
-#pragma unroll
-            for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-                for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++)
-                        s[mt][nt][e] *= k_factor;
         }
     }
 
@@ -1250,11 +1299,14 @@ template <typename T, typename cfg, bool PAGED, bool KV8> struct kv_ring {
  * first row sees the fewest keys at the end, its last row (window) the fewest at
  * the start.
  */
-template <int MASK, typename cfg> struct online_softmax {
+template <int MASK, typename cfg, bool ROW_FACTORS = false> struct online_softmax {
     using shape = walker_shape<cfg>;
     static constexpr int MT = shape::MT, NT = shape::NT;
     softmax_state<MT> st;
     row_keys<MT> keys;
+    /* ROW_FACTORS (an fp8 cache): what each row's scores of codes are multiplied by first,
+     * K's factor times the row's Q rescale (to_half_rows); set by the kernel. */
+    float row_factor[ROW_FACTORS ? MT : 1][ACC_ROWS];
     int64_t free_begin, free_end, len_k;
     int lane;
 
@@ -1304,6 +1356,15 @@ template <int MASK, typename cfg> struct online_softmax {
     __device__ __forceinline__ void update(float (&s)[MT][NT][4], int n_block, float (&rescale)[MT][ACC_ROWS],
                                            const fmha_fwd_params &p)
     {
+        if constexpr (ROW_FACTORS) {
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++)
+                        s[mt][nt][e] *= row_factor[mt][e / ACC_COLS];
+        }
         softmax_block<MASK>(s, st, rescale, p, (int64_t)n_block * shape::BLOCK_N, free_begin, free_end, len_k,
                             keys, lane);
     }
@@ -1337,7 +1398,6 @@ __device__ __forceinline__ void walk_keys(O &o, Softmax &softmax, const Math &ma
         ring.widen(stage, stage); /* fp8 codes -> T */
         float s[shape::MT][shape::NT][4], rescale[shape::MT][ACC_ROWS];
         math.scores(s, ring.product_stage(stage)); /* S = Q K^T */
-        ring.dequantize_scores(s);                 /* fp8: S *= K's factor */
         softmax.update(s, w.block(j), rescale, p); /* P = exp2(S - m_new); m, l */
         rescale_rows(o, rescale);                  /* O *= exp2(m_old - m_new) */
         math.accumulate(o, s, ring.product_stage(stage)); /* O += P V */
@@ -1366,7 +1426,6 @@ __device__ __forceinline__ void walk_keys_overlapped(O &o, Softmax &softmax, con
     ring.wait(in_flight<STAGES - 1>());
     ring.widen(0, -1);
     math.scores(s, ring.product_stage(0));  /* S(0) = Q K(0)^T */
-    ring.dequantize_scores(s);
     softmax.update(s, w.block(0), rescale, p); /* O is still zero: no rescale */
     math.p_operands(pa, s);
     /* Every block but the last: the wgmma groups are the same each time (no group
@@ -1378,7 +1437,6 @@ __device__ __forceinline__ void walk_keys_overlapped(O &o, Softmax &softmax, con
         math.scores_async(s, ring.product_stage((stage + 1) % STAGES)); /* S(j+1) = Q K(j+1)^T */
         math.accumulate_async(o, pa, ring.product_stage(stage));       /* O += P(j) V(j) */
         math.template wait<1>(s);
-        ring.dequantize_scores(s);                     /* fp8: S *= K's factor */
         softmax.update(s, w.block(j + 1), rescale, p); /* while P(j) V(j) runs */
         math.template wait<0>(o);
         rescale_rows(o, rescale); /* O *= exp2(m_old - m_new) */
@@ -1575,7 +1633,8 @@ __global__ void __launch_bounds__(cfg::warps * WARP_LANES, cfg::ctas_per_sm)
 fwd_mma_kernel(const fmha_fwd_params p)
 {
     using shape = walker_shape<cfg, KV8>;
-    using ring_t = kv_ring<T, cfg, PAGED, KV8>;
+    using MT = product_type<T, KV8>;
+    using ring_t = kv_ring<MT, cfg, PAGED, KV8>;
     static_assert(merge_area<shape::BLOCK_M, shape::HEAD_DIM>::BYTES <= shape::BYTES,
                   "the merge fits a walker's ring");
 
@@ -1600,8 +1659,28 @@ fwd_mma_kernel(const fmha_fwd_params p)
 
     float o[shape::MT][shape::DT][4];
     zero_rows(o);
-    online_softmax<MASK, cfg> softmax(p, w, me);
-    const tile_math<T, cfg, shape::WGMMA> math(s_q, ring.product_k(), ring.product_v(), me.warp, me.lane);
+    online_softmax<MASK, cfg, KV8> softmax(p, w, me);
+    if constexpr (KV8) {
+        /* Scores of codes times K's factor; bf16 q: the Q tile (landed with the first
+         * block) rewritten in fp16, each row's power of two undone in its scores. */
+        float inv[shape::MT][ACC_ROWS];
+        for (int mt = 0; mt < shape::MT; mt++)
+            for (int half = 0; half < ACC_ROWS; half++)
+                inv[mt][half] = 1.f;
+        if constexpr (!std::is_same<MT, T>::value) {
+            copy_async_wait<shape::STAGES - 1>();
+            me.sync();
+            to_half_rows<cfg>(s_q, inv, me.warp, me.lane);
+            if (shape::WGMMA)
+                fence_proxy_async();
+            me.sync();
+        }
+        for (int mt = 0; mt < shape::MT; mt++)
+            for (int half = 0; half < ACC_ROWS; half++)
+                softmax.row_factor[mt][half] = ring.k_factor * inv[mt][half];
+    }
+    const tile_math<MT, cfg, shape::WGMMA> math(reinterpret_cast<const MT *>(s_q), ring.product_k(),
+                                                ring.product_v(), me.warp, me.lane);
     if constexpr (shape::WGMMA && shape::STAGES >= 3)
         walk_keys_overlapped<cfg>(o, softmax, math, ring, w, p);
     else

@@ -534,7 +534,8 @@ def test_device_gpu_runs_fp8():
     if not gpu_devices():
         pytest.skip(NO_GPU_REASON)
     rng = np.random.default_rng(3100)
-    q, kc, vc = _inputs(rng)
+    q, _, _ = make_qkv(rng, 2, 1, 1, 4, 2, 64, "f16")
+    kc, vc = codes_of(rng, (2, 8, 2, 64)), codes_of(rng, (2, 8, 2, 64))
     ref = reference.forward(q, kc, vc, kv_dtype="e4m3fn", k_scale=0.5)
     out, lse = fmha_native.forward(q, kc, vc, kv_dtype="e4m3fn", k_scale=0.5, device="gpu")
     assert_close(as_f64(out), as_f64(lse), ref[0], ref[1], "f16")

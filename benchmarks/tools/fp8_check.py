@@ -92,6 +92,7 @@ def main():
         ok &= check(1, 4, 4, 300, 300, 128, dtype, True)
         ok &= check(2, 8, 2, 1, 512, 128, dtype, False, page=16)
         ok &= check(2, 8, 2, 5, 512, 64, dtype, True, page=64, splits=3)
+        ok &= check(2, 32, 8, 16, 1024, 128, dtype, True, splits=2, kscale=3.0)
         for d in (32, 80, 96, 192):
             ok &= check(1, 8, 2, 3, 333, d, dtype, True)
             ok &= check(1, 4, 2, 100, 200, d, dtype, True)

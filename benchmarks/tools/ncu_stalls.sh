@@ -7,16 +7,19 @@ set -uo pipefail
 stalls="long_scoreboard short_scoreboard barrier wait mio_throttle lg_throttle math_pipe_throttle no_instruction dispatch_stall not_selected selected membar branch_resolving tex_throttle drain sleeping misc"
 metrics="gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,smsp__issue_active.avg.pct_of_peak_sustained_active,smsp__inst_executed.sum,smsp__warps_active.avg.per_cycle_active"
 for s in $stalls; do metrics="$metrics,smsp__average_warps_issue_stalled_${s}_per_issue_active.ratio"; done
+log=$(mktemp)
 ncu --clock-control none --print-units base --kernel-name regex:fwd_mma_kernel --launch-skip 3 --launch-count 1 \
-  --metrics "$metrics" --csv python3 benchmarks/tools/profile_case.py "$@" 0 4 2>/dev/null |
-  python3 -c '
+  --metrics "$metrics" --csv python3 benchmarks/tools/profile_case.py "$@" 0 4 > "$log" 2>/dev/null
+python3 - "$log" <<'PY'
 import csv, sys
-rows = [r for r in csv.reader(l for l in sys.stdin if l.startswith("\""))]
+rows = [r for r in csv.reader(l for l in open(sys.argv[1]) if l.startswith('"'))]
 head, body = rows[0], rows[1:]
 i = {k: head.index(k) for k in ("Kernel Name", "Metric Name", "Metric Value")}
 if body:
     print(body[0][i["Kernel Name"]][:150])
 for r in body:
-    n = r[i["Metric Name"]].replace("smsp__average_warps_issue_stalled_", "stall:").replace("_per_issue_active.ratio", "")
-    print(f"  {n:60s} {r[i[\"Metric Value\"]]}")
-'
+    n = r[i["Metric Name"]].replace("smsp__average_warps_issue_stalled_", "stall:")
+    n = n.replace("_per_issue_active.ratio", "")
+    print(f"  {n:60s} {r[i['Metric Value']]}")
+PY
+rm -f "$log"
