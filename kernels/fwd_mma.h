@@ -704,6 +704,19 @@ __device__ __forceinline__ void softmax_block(float (&s)[MT][NT][4], softmax_sta
         }
 }
 
+/* Whether some row of this thread must rescale O: a factor of exactly 1 leaves it as it
+ * is, so a warp whose rows' maxima all stayed may skip the multiplies (bit-exact). */
+template <int MT> __device__ __forceinline__ bool some_row_moved(const float (&rescale)[MT][ACC_ROWS])
+{
+    bool moved = false;
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int half = 0; half < ACC_ROWS; half++)
+            moved = moved || rescale[mt][half] != 1.f;
+    return moved;
+}
+
 /* O rows *= their rescale factor. */
 template <int MT, int DT>
 __device__ __forceinline__ void rescale_rows(float (&o)[MT][DT][4], const float (&rescale)[MT][ACC_ROWS])
@@ -1139,6 +1152,9 @@ __device__ __forceinline__ void to_half_rows(void *s_q, float (&inv)[MT][ACC_ROW
 template <typename T, typename cfg, bool PAGED, bool KV8> struct kv_ring {
     using shape = walker_shape<cfg, KV8>;
     using KT = std::conditional_t<KV8, uint8_t, T>; /* what the cache holds */
+    /* fp8 walkers are short of issue slots: a warp skips O *= 1 (walk_keys), except at
+     * head dims whose O leaves no registers for the vote (192). */
+    static constexpr bool SKIP_UNIT_RESCALE = KV8 && HEAD_DIM <= 128;
     static constexpr int BLOCK_N = shape::BLOCK_N, HEAD_DIM = shape::HEAD_DIM, STAGES = shape::STAGES;
     static constexpr int STAGE_BYTES = stage_bytes<cfg, KV8>();
     /* A decode tile is the only reader of its K/V: the plan may have those lines leave
@@ -1399,7 +1415,8 @@ __device__ __forceinline__ void walk_keys(O &o, Softmax &softmax, const Math &ma
         float s[shape::MT][shape::NT][4], rescale[shape::MT][ACC_ROWS];
         math.scores(s, ring.product_stage(stage)); /* S = Q K^T */
         softmax.update(s, w.block(j), rescale, p); /* P = exp2(S - m_new); m, l */
-        rescale_rows(o, rescale);                  /* O *= exp2(m_old - m_new) */
+        if (!Ring::SKIP_UNIT_RESCALE || warp_any(some_row_moved(rescale)))
+            rescale_rows(o, rescale);              /* O *= exp2(m_old - m_new) */
         math.accumulate(o, s, ring.product_stage(stage)); /* O += P V */
         ring.refill(j, stage);
     }

@@ -106,6 +106,9 @@ __device__ __forceinline__ void warp_sync()
 /* x, which every lane of the wave holds alike, as a value the compiler knows is uniform. */
 __device__ __forceinline__ int warp_uniform(int x) { return __builtin_amdgcn_readfirstlane(x); }
 
+/* Whether any lane of the wavefront has x. */
+__device__ __forceinline__ bool warp_any(bool x) { return __any(x); }
+
 /* With synchronous copies a deeper K/V ring overlaps nothing and costs LDS (64 KB). */
 constexpr int ring_stages(int) { return 1; }
 

@@ -52,6 +52,9 @@ __device__ __forceinline__ void warp_sync() { __syncwarp(); }
 /* x, which every lane of the warp holds alike, as a value the compiler knows is uniform. */
 __device__ __forceinline__ int warp_uniform(int x) { return __shfl_sync(0xffffffffu, x, 0); }
 
+/* Whether any lane of the warp has x. */
+__device__ __forceinline__ bool warp_any(bool x) { return __any_sync(0xffffffffu, x); }
+
 /* K/V shared-memory ring depth: the configured stages (cp.async overlaps them). */
 constexpr int ring_stages(int stages) { return stages; }
 
