@@ -782,8 +782,10 @@ inline cudaError_t launch_features(const tensor_maps &maps, const fmha_fwd_param
         return launch_schedule<T, HEAD_DIM, MASK, FEATURE_SINKS>(maps, p, grid, sched);
     return launch_schedule<T, HEAD_DIM, MASK, 0>(maps, p, grid, sched);
 }
+/* Not inline: each head_dim's instances are compiled in a translation unit of their own
+ * (kernels/fwd_sm90_d*.hip, built in parallel); every other includer declares them extern. */
 template <typename T, int HEAD_DIM>
-inline cudaError_t launch_mask(const tensor_maps &maps, const fmha_fwd_params &p, dim3 grid, int sched)
+cudaError_t launch_mask(const tensor_maps &maps, const fmha_fwd_params &p, dim3 grid, int sched)
 {
     /* fmha_features' rule: a window bounds a side; causal alone is no window */
     if (p.window_left >= 0 || (!p.causal && p.window_right >= 0))
@@ -792,6 +794,15 @@ inline cudaError_t launch_mask(const tensor_maps &maps, const fmha_fwd_params &p
         return launch_features<T, HEAD_DIM, MASK_CAUSAL>(maps, p, grid, sched);
     return launch_features<T, HEAD_DIM, MASK_NONE>(maps, p, grid, sched);
 }
+#define FMHA_SM90_INSTANCES(kind, hd)                                                                      \
+    kind template cudaError_t launch_mask<fmha_half, hd>(const tensor_maps &, const fmha_fwd_params &, dim3, int); \
+    kind template cudaError_t launch_mask<fmha_bf16, hd>(const tensor_maps &, const fmha_fwd_params &, dim3, int);
+/* (a definition may follow its extern declaration: fwd_sm90_d*.hip) */
+FMHA_SM90_INSTANCES(extern, 64)
+FMHA_SM90_INSTANCES(extern, 96)
+FMHA_SM90_INSTANCES(extern, 128)
+FMHA_SM90_INSTANCES(extern, 192)
+
 template <typename T>
 inline cudaError_t launch_head_dim(const tensor_maps &maps, const fmha_fwd_params &p, dim3 grid, int sched)
 {
