@@ -1,8 +1,10 @@
 /*
  * fwd_sm90.h: the warp-specialized Hopper (sm_90a) prefill kernel and its
- * host launcher, NVIDIA only.  One CTA owns 64 query rows per consumer
- * warpgroup (128 at head_dim 128, 192 at 64: tile_shape) of one
- * (batch, query head) and walks all the key blocks that those rows can see:
+ * host launcher, NVIDIA only, for head_dims 64, 96, 128 and 192 (one
+ * translation unit each: fwd_sm90_d*.hip).  One CTA owns 64 query rows per
+ * consumer warpgroup (192 at head_dim 64, 128 above: tile_shape) of one
+ * (batch, query head) and walks, 128 keys at a time (112 at head_dim 192),
+ * all the key blocks that those rows can see:
  *
  *   producer warpgroup   one elected lane issues TMA loads: Q once, then K(j)
  *                        and V(j) into rings of shared-memory stages, each
