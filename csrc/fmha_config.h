@@ -77,8 +77,12 @@
  * Hopper (sm_90a) warp-specialized prefill, one row per head_dim, same fields:
  * one producer warpgroup (TMA loads) and block_m / 64 consumer warpgroups of 64
  * rows (three at head_dim 64, whose products are too short to hide a softmax
- * behind one other warpgroup; two at 128), `stages` K and V buffers, one CTA
- * per SM (it holds most of the shared memory and registers).  kernels/fwd_sm90.h checks its compile-time
+ * behind one other warpgroup; two from 96 up), `stages` K and V buffers, one CTA
+ * per SM (it holds most of the shared memory and registers).  Head_dim 192 takes
+ * 112-key blocks: Q (48 KB) and two stages of 128-key K and V (4 x 48 KB) would
+ * pass the 227 KB of shared memory, 112 keys fit (217 KB) with S at 56 floats a
+ * thread next to O's 96.  Head_dim 96 runs two 64-column panels whose last 32
+ * columns TMA fills with zeros (fwd_sm90.h).  kernels/fwd_sm90.h checks its compile-time
  * constants against these rows.  The planner picks it for prefill on cc 9.x
  * when the build has sm_90a code (plan.c says when else).
  */
@@ -91,7 +95,9 @@
 #endif
 #define FMHA_GPU_SM90_CONFIGS(X)                                                          \
     X(64, 64 * FMHA_SM90_D64_CONSUMERS, 128, 4 * (1 + FMHA_SM90_D64_CONSUMERS), 3, 1, 1) \
-    X(128, 128, 128, 12, 2, 1, 1)
+    X(96, 128, 128, 12, 2, 1, 1)                                                          \
+    X(128, 128, 128, 12, 2, 1, 1)                                                         \
+    X(192, 128, 112, 12, 2, 1, 1)
 
 /*
  * How the consumer warpgroups of the sm90 kernel share the tensor cores

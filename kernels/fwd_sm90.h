@@ -1,8 +1,10 @@
 /*
  * fwd_sm90.h: the warp-specialized Hopper (sm_90a) prefill kernel and its
- * host launcher, NVIDIA only.  One CTA owns 64 query rows per consumer
- * warpgroup (128 at head_dim 128, 192 at 64: tile_shape) of one
- * (batch, query head) and walks all the key blocks that those rows can see:
+ * host launcher, NVIDIA only, for head_dims 64, 96, 128 and 192 (one
+ * translation unit each: fwd_sm90_d*.hip).  One CTA owns 64 query rows per
+ * consumer warpgroup (192 at head_dim 64, 128 above: tile_shape) of one
+ * (batch, query head) and walks, 128 keys at a time (112 at head_dim 192),
+ * all the key blocks that those rows can see:
  *
  *   producer warpgroup   one elected lane issues TMA loads: Q once, then K(j)
  *                        and V(j) into rings of shared-memory stages, each
@@ -54,7 +56,6 @@
 namespace fmha {
 namespace sm90 {
 
-constexpr int BLOCK_N = 128;                  /* keys per main-loop step */
 constexpr int PANEL_COLS = 64;                /* features per 128-byte swizzled panel */
 constexpr int PRODUCER_REGS = 24;             /* the producer only issues copies */
 constexpr int MAX_CONSUMERS = 3;
@@ -71,11 +72,15 @@ constexpr int TURN_BARRIER = 1 + MAX_CONSUMERS; /* named barrier TURN_BARRIER + 
 template <int HEAD_DIM> struct tile_shape {
     static constexpr int consumers = HEAD_DIM <= 64 ? FMHA_SM90_D64_CONSUMERS : 2;
     static constexpr int block_m = consumers * WGMMA_M;         /* query rows per CTA */
+    /* keys per main-loop step: 128, but 112 at head_dim 192, where two stages of 128-key K and
+     * V (48 KB each) next to Q (48 KB) would not fit (smem_plan) */
+    static constexpr int block_n = HEAD_DIM > 128 ? 112 : 128;
     static constexpr int threads = (1 + consumers) * WARPGROUP_THREADS;
     /* the registers the producer gives up, shared by the consumers (setmaxnreg: multiples of 8) */
     static constexpr int consumer_regs =
         (65536 - PRODUCER_REGS * WARPGROUP_THREADS) / (consumers * WARPGROUP_THREADS) / 8 * 8;
     static_assert(consumers >= 1 && consumers <= MAX_CONSUMERS, "consumer warpgroups");
+    static_assert(block_n % WGMMA_K == 0 && block_n <= 256, "wgmma's N and P V's K steps");
     static_assert(consumer_regs <= 256, "setmaxnreg's ceiling");
 };
 
@@ -89,12 +94,19 @@ enum schedule { INTERLEAVED = 0, PINGPONG = 1 };
 constexpr float LN2 = 0.693147180559945309f;
 constexpr float LOG2E = 1.44269504088896341f;
 
-/* Shared memory of one CTA (offsets from a 1024-aligned base). */
+/*
+ * Shared memory of one CTA (offsets from a 1024-aligned base).  A head_dim that
+ * is not a multiple of 64 (96) takes whole panels all the same: the tensor maps'
+ * inner extent is head_dim, so TMA fills a box's columns past it with zeros
+ * (and a store drops them).  S then runs over the head_dim features only, and
+ * O += P V over all `cols` (zero V columns give zero O columns, never read).
+ */
 template <int HEAD_DIM> struct smem_plan {
-    static constexpr int panels = HEAD_DIM / PANEL_COLS;
+    static constexpr int panels = (HEAD_DIM + PANEL_COLS - 1) / PANEL_COLS;
+    static constexpr int cols = panels * PANEL_COLS; /* O's columns, as P V computes them */
     static constexpr int stages = HEAD_DIM <= 64 ? 3 : 2; /* 3 at d128 fit in 227 KB but gain nothing */
     static constexpr int q_panel = tile_shape<HEAD_DIM>::block_m * SWIZZLE_ROW_BYTES;
-    static constexpr int kv_panel = BLOCK_N * SWIZZLE_ROW_BYTES;
+    static constexpr int kv_panel = tile_shape<HEAD_DIM>::block_n * SWIZZLE_ROW_BYTES;
     static constexpr int q_bytes = panels * q_panel;
     static constexpr int kv_bytes = panels * kv_panel; /* one stage of K or of V */
     static constexpr int q_off = 0;
@@ -104,14 +116,15 @@ template <int HEAD_DIM> struct smem_plan {
     /* barriers: q_full, then k_full, k_empty, v_full, v_empty of each stage */
     static constexpr int bar_bytes = 8 * (1 + 4 * stages);
     static constexpr int bytes = bar_off + bar_bytes + 1024; /* + slack to align the base */
-    static_assert(HEAD_DIM % PANEL_COLS == 0, "whole panels");
+    static_assert(HEAD_DIM % WGMMA_K == 0, "whole K steps of S = Q K^T");
+    static_assert(kv_panel % SWIZZLE_ATOM_BYTES == 0, "stages keep the swizzle's 1024-byte phase");
     static_assert(bytes <= 227 * 1024, "fits one SM's shared memory");
 };
 
 /* The planner sizes tiles and splits from fmha_config.h's rows: they must be these constants
  * (one CTA per SM: __launch_bounds__(threads, 1) below; one walker, no split partials). */
 #define FMHA_SM90_CHECK_ROW(hd, bm, bn, w, st, ctas, wk)                                             \
-    static_assert(bm == tile_shape<hd>::block_m && bn == BLOCK_N &&                                  \
+    static_assert(bm == tile_shape<hd>::block_m && bn == tile_shape<hd>::block_n &&                                  \
                       (w) * WARP_LANES == tile_shape<hd>::threads &&                                 \
                       st == smem_plan<hd>::stages && ctas == 1 && wk == 1,                           \
                   "FMHA_GPU_SM90_CONFIGS row for head_dim " #hd " matches the sm90 kernel");
@@ -143,7 +156,7 @@ template <int STAGES> struct ring_pos {
     }
 };
 
-/* Tensor maps of q, k, v (boxes of 64 x 128 rows) and out (64 x 64 rows). */
+/* Tensor maps of q (boxes of 64 features x block_m rows), k, v (x block_n rows) and out (x 64 rows). */
 struct tensor_maps {
     CUtensorMap q, k, v, o;
 };
@@ -189,7 +202,7 @@ template <int MASK> __host__ __device__ inline window window_of(const fmha_fwd_p
 struct block_span {
     int begin, end;
 };
-template <int BLOCK_M>
+template <int BLOCK_M, int BLOCK_N>
 __host__ __device__ inline block_span key_blocks(int64_t m0, int64_t seqlen_q, int64_t seqlen_k, window w)
 {
     /* row i sits at key position i + seqlen_k - seqlen_q */
@@ -246,6 +259,7 @@ __device__ __forceinline__ sequence sequence_of(const fmha_fwd_params &p, int b)
 /* The tile products of one consumer warpgroup (its 64 rows), from descriptors built once. */
 template <typename T, int HEAD_DIM> struct tile_products {
     using plan = smem_plan<HEAD_DIM>;
+    static constexpr int BLOCK_N = tile_shape<HEAD_DIM>::block_n;
     static constexpr int K_STEP_BYTES = WGMMA_K * 2; /* 16 features of a 128-byte row */
     static constexpr int K_STEPS_PER_PANEL = SWIZZLE_ROW_BYTES / K_STEP_BYTES;
     uint64_t q_desc, k_desc, v_desc;
@@ -274,13 +288,13 @@ template <typename T, int HEAD_DIM> struct tile_products {
     }
 
     /* Issue O += P V from V stage `stage` as one wgmma group; p must not change until it completes. */
-    __device__ void accumulate(float (&o)[HEAD_DIM / 2], const uint32_t (&p)[BLOCK_N / WGMMA_K][4], int stage) const
+    __device__ void accumulate(float (&o)[plan::cols / 2], const uint32_t (&p)[BLOCK_N / WGMMA_K][4], int stage) const
     {
         const uint64_t v_stage = desc_advance(v_desc, (uint32_t)stage * plan::kv_bytes);
         wgmma_fence();
 #pragma unroll
         for (int kn = 0; kn < BLOCK_N / WGMMA_K; kn++)
-            wgmma<T, HEAD_DIM>::rs(o, p[kn], desc_advance(v_stage, kn * WGMMA_K * SWIZZLE_ROW_BYTES));
+            wgmma<T, plan::cols>::rs(o, p[kn], desc_advance(v_stage, kn * WGMMA_K * SWIZZLE_ROW_BYTES));
         wgmma_commit();
     }
 
@@ -304,9 +318,10 @@ struct softmax_rows {
     float max[ROW_HALVES], sum[ROW_HALVES];
 };
 
-/* Keys above `last[half]` (block-relative) become -inf. */
-__device__ __forceinline__ void mask_scores(float (&s)[BLOCK_N / 2], const int (&last)[ROW_HALVES], int lane)
+/* Keys above `last[half]` (block-relative) become -inf.  S holds SN = BLOCK_N / 2 floats. */
+template <int SN> __device__ __forceinline__ void mask_scores(float (&s)[SN], const int (&last)[ROW_HALVES], int lane)
 {
+    constexpr int BLOCK_N = 2 * SN;
     const int col0 = 2 * (lane % LANES_PER_ROW);
 #pragma unroll
     for (int t = 0; t < BLOCK_N / 8; t++)
@@ -317,9 +332,11 @@ __device__ __forceinline__ void mask_scores(float (&s)[BLOCK_N / 2], const int (
 }
 
 /* Keys outside [first[half], last[half]] (block-relative) become -inf: a window's two edges. */
-__device__ __forceinline__ void mask_scores(float (&s)[BLOCK_N / 2], const int (&first)[ROW_HALVES],
+template <int SN>
+__device__ __forceinline__ void mask_scores(float (&s)[SN], const int (&first)[ROW_HALVES],
                                             const int (&last)[ROW_HALVES], int lane)
 {
+    constexpr int BLOCK_N = 2 * SN;
     const int col0 = 2 * (lane % LANES_PER_ROW);
 #pragma unroll
     for (int t = 0; t < BLOCK_N / 8; t++)
@@ -339,10 +356,10 @@ __device__ __forceinline__ void mask_scores(float (&s)[BLOCK_N / 2], const int (
  * under one bfloat16 ulp (2^-8) of the weight while |s| <= 8, 2.5% at the cap
  * of c = 50.  Masks come after it, so masked keys stay -inf.
  */
-__device__ __forceinline__ void softcap_scores(float (&s)[BLOCK_N / 2], float scale_over_cap)
+template <int SN> __device__ __forceinline__ void softcap_scores(float (&s)[SN], float scale_over_cap)
 {
 #pragma unroll
-    for (int i = 0; i < BLOCK_N / 2; i++)
+    for (int i = 0; i < SN; i++)
         s[i] = tanh_fast(s[i] * scale_over_cap);
 }
 
@@ -352,9 +369,11 @@ __device__ __forceinline__ void softcap_scores(float (&s)[BLOCK_N / 2], float sc
  * for the O rows accumulated so far.  A row that has seen only masked keys
  * keeps m = -inf and shifts by 0, so its P and rescale are 0, not NaN.
  */
-__device__ __forceinline__ void online_softmax(float (&s)[BLOCK_N / 2], softmax_rows &st,
+template <int SN>
+__device__ __forceinline__ void online_softmax(float (&s)[SN], softmax_rows &st,
                                                float (&rescale)[ROW_HALVES], float scale_log2)
 {
+    constexpr int BLOCK_N = 2 * SN;
 #pragma unroll
     for (int half = 0; half < ROW_HALVES; half++) {
         float mx0 = s[2 * half], mx1 = s[2 * half + 1];
@@ -388,9 +407,10 @@ template <int D> __device__ __forceinline__ void rescale_rows(float (&o)[D], con
 }
 
 /* P (fp32, accumulator layout) as the 16-bit A operands of O += P V, 16 keys each. */
-template <typename T>
-__device__ __forceinline__ void p_operands(uint32_t (&p)[BLOCK_N / WGMMA_K][4], const float (&s)[BLOCK_N / 2])
+template <typename T, int SN>
+__device__ __forceinline__ void p_operands(uint32_t (&p)[SN / 8][4], const float (&s)[SN])
 {
+    constexpr int BLOCK_N = 2 * SN;
 #pragma unroll
     for (int kn = 0; kn < BLOCK_N / WGMMA_K; kn++)
 #pragma unroll
@@ -407,6 +427,7 @@ fwd_sm90_kernel(const __grid_constant__ tensor_maps maps, const fmha_fwd_params 
     using plan = smem_plan<HEAD_DIM>;
     constexpr int STAGES = plan::stages;
     constexpr int BLOCK_M = tile_shape<HEAD_DIM>::block_m, CONSUMERS = tile_shape<HEAD_DIM>::consumers;
+    constexpr int BLOCK_N = tile_shape<HEAD_DIM>::block_n;
     extern __shared__ unsigned char smem_raw[];
     /* The 128-byte swizzle repeats every 1024 bytes: align the base to it. */
     const uint32_t raw = smem_addr(smem_raw);
@@ -439,7 +460,7 @@ fwd_sm90_kernel(const __grid_constant__ tensor_maps maps, const fmha_fwd_params 
     if (m0 >= seq.len_q)
         return;
     const int seqlen_q = seq.len_q, seqlen_k = seq.len_k;
-    const block_span span = seq.bad ? block_span{0, 0} : key_blocks<BLOCK_M>(m0, seqlen_q, seqlen_k, win);
+    const block_span span = seq.bad ? block_span{0, 0} : key_blocks<BLOCK_M, BLOCK_N>(m0, seqlen_q, seqlen_k, win);
     /* only a window's left side skips leading blocks */
     const int first_block = MASK == MASK_WINDOW ? span.begin : 0, end_block = span.end;
     const int n_blocks = end_block - first_block;
@@ -550,9 +571,9 @@ fwd_sm90_kernel(const __grid_constant__ tensor_maps maps, const fmha_fwd_params 
             masked(s, j);
         };
 
-        float o[HEAD_DIM / 2];
+        float o[plan::cols / 2];
 #pragma unroll
-        for (int i = 0; i < HEAD_DIM / 2; i++)
+        for (int i = 0; i < plan::cols / 2; i++)
             o[i] = 0.f;
         softmax_rows st;
 #pragma unroll
@@ -763,8 +784,10 @@ inline cudaError_t launch_features(const tensor_maps &maps, const fmha_fwd_param
         return launch_schedule<T, HEAD_DIM, MASK, FEATURE_SINKS>(maps, p, grid, sched);
     return launch_schedule<T, HEAD_DIM, MASK, 0>(maps, p, grid, sched);
 }
+/* Not inline: each head_dim's instances are compiled in a translation unit of their own
+ * (kernels/fwd_sm90_d*.hip, built in parallel); every other includer declares them extern. */
 template <typename T, int HEAD_DIM>
-inline cudaError_t launch_mask(const tensor_maps &maps, const fmha_fwd_params &p, dim3 grid, int sched)
+cudaError_t launch_mask(const tensor_maps &maps, const fmha_fwd_params &p, dim3 grid, int sched)
 {
     /* fmha_features' rule: a window bounds a side; causal alone is no window */
     if (p.window_left >= 0 || (!p.causal && p.window_right >= 0))
@@ -773,10 +796,47 @@ inline cudaError_t launch_mask(const tensor_maps &maps, const fmha_fwd_params &p
         return launch_features<T, HEAD_DIM, MASK_CAUSAL>(maps, p, grid, sched);
     return launch_features<T, HEAD_DIM, MASK_NONE>(maps, p, grid, sched);
 }
+#define FMHA_SM90_INSTANCES(kind, hd)                                                                      \
+    kind template cudaError_t launch_mask<fmha_half, hd>(const tensor_maps &, const fmha_fwd_params &, dim3, int); \
+    kind template cudaError_t launch_mask<fmha_bf16, hd>(const tensor_maps &, const fmha_fwd_params &, dim3, int);
+/* (a definition may follow its extern declaration: fwd_sm90_d*.hip) */
+FMHA_SM90_INSTANCES(extern, 64)
+FMHA_SM90_INSTANCES(extern, 96)
+FMHA_SM90_INSTANCES(extern, 128)
+FMHA_SM90_INSTANCES(extern, 192)
+
 template <typename T>
 inline cudaError_t launch_head_dim(const tensor_maps &maps, const fmha_fwd_params &p, dim3 grid, int sched)
 {
-    return p.head_dim == 128 ? launch_mask<T, 128>(maps, p, grid, sched) : launch_mask<T, 64>(maps, p, grid, sched);
+    switch (p.head_dim) {
+    case 64:
+        return launch_mask<T, 64>(maps, p, grid, sched);
+    case 96:
+        return launch_mask<T, 96>(maps, p, grid, sched);
+    case 128:
+        return launch_mask<T, 128>(maps, p, grid, sched);
+    default:
+        return launch_mask<T, 192>(maps, p, grid, sched);
+    }
+}
+
+/* The tile's query rows and key block for a head_dim with an instance (false: none). */
+inline bool tile_of(int64_t head_dim, int *block_m, int *block_n)
+{
+    switch (head_dim) {
+#define FMHA_SM90_TILE_OF(hd)                                                                                       \
+    case hd:                                                                                                       \
+        *block_m = tile_shape<hd>::block_m;                                                                        \
+        *block_n = tile_shape<hd>::block_n;                                                                        \
+        return true;
+        FMHA_SM90_TILE_OF(64)
+        FMHA_SM90_TILE_OF(96)
+        FMHA_SM90_TILE_OF(128)
+        FMHA_SM90_TILE_OF(192)
+#undef FMHA_SM90_TILE_OF
+    default:
+        return false;
+    }
 }
 
 }  // namespace sm90
@@ -802,7 +862,8 @@ inline fmha_status fmha_sm90_prefill_launch(const fmha_fwd_params &p, cudaError_
         *error = cudaSuccess;
     if (p.dtype != FMHA_DTYPE_F16 && p.dtype != FMHA_DTYPE_BF16)
         return FMHA_ERR_UNSUPPORTED;
-    if (p.head_dim != 64 && p.head_dim != 128)
+    int block_m = 0, block_n = 0;
+    if (!tile_of(p.head_dim, &block_m, &block_n))
         return FMHA_ERR_UNSUPPORTED;
     if (p.seqlens_k || p.k_new || p.v_new || p.seqlen_new != 0 || p.num_splits > 1 || p.block_table)
         return FMHA_ERR_UNSUPPORTED;
@@ -820,7 +881,7 @@ inline fmha_status fmha_sm90_prefill_launch(const fmha_fwd_params &p, cudaError_
     /* Packed q/out (k/v) are one batch entry of total_q (total_k) rows in the tensor maps. */
     const int64_t q_batch = p.cu_seqlens_q ? 1 : p.batch, q_rows = p.cu_seqlens_q ? p.total_q : p.seqlen_q;
     const int64_t k_batch = p.cu_seqlens_k ? 1 : p.batch, k_rows = p.cu_seqlens_k ? p.total_k : p.seqlen_k;
-    constexpr int64_t MAX_ROWS = ((int64_t)1 << 31) - 2 * BLOCK_N;
+    const int64_t MAX_ROWS = ((int64_t)1 << 31) - 2 * block_n;
     if (p.batch > 65535 || p.heads_q > 65535 || q_rows > MAX_ROWS || k_rows > MAX_ROWS || p.seqlen_q > MAX_ROWS ||
         p.seqlen_k > MAX_ROWS || q_rows < 0 || k_rows < 0)
         return FMHA_ERR_UNSUPPORTED;
@@ -844,7 +905,6 @@ inline fmha_status fmha_sm90_prefill_launch(const fmha_fwd_params &p, cudaError_
         return FMHA_ERR_UNSUPPORTED;
 
     const bool bf16 = p.dtype == FMHA_DTYPE_BF16;
-    const int block_m = p.head_dim == 64 ? tile_shape<64>::block_m : tile_shape<128>::block_m;
     /* With no keys (rows) no tile is loaded; the maps still need a row.  A packed
      * tensor's batch stride is unused (one entry): the map gets the tensor's extent. */
     const int64_t kv_rows = k_rows > 0 ? k_rows : 1, qo_rows = q_rows > 0 ? q_rows : 1;
@@ -858,10 +918,10 @@ inline fmha_status fmha_sm90_prefill_launch(const fmha_fwd_params &p, cudaError_
                        block_m) ||
         !fmha_rows_map(&maps.k, p.k, bf16, k_batch, kv_rows, p.heads_kv, p.head_dim,
                        batch_stride(pk, p.k_batch_stride, p.k_row_stride, kv_rows), p.k_row_stride, p.k_head_stride,
-                       BLOCK_N) ||
+                       block_n) ||
         !fmha_rows_map(&maps.v, p.v, bf16, k_batch, kv_rows, p.heads_kv, p.head_dim,
                        batch_stride(pk, p.v_batch_stride, p.v_row_stride, kv_rows), p.v_row_stride, p.v_head_stride,
-                       BLOCK_N) ||
+                       block_n) ||
         !fmha_rows_map(&maps.o, p.out, bf16, q_batch, qo_rows, p.heads_q, p.head_dim,
                        batch_stride(pq, p.o_batch_stride, p.o_row_stride, qo_rows), p.o_row_stride, p.o_head_stride,
                        WGMMA_M))

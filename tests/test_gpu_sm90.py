@@ -1,6 +1,6 @@
 """The Hopper prefill kernel (kernels/fwd_sm90.h) through fmha_native.forward on torch CUDA
 tensors, against the float64 reference: odd lengths, seqlen_q above and far below
-seqlen_k, causal and not, GQA ratios 1/4/8/16, head_dim 64/128, float16/bfloat16, strided
+seqlen_k, causal and not, GQA ratios 1/4/8/16, head_dim 64/96/128/192, float16/bfloat16, strided
 views, strides TMA cannot address (the tensor-core tiles run those), bitwise determinism,
 FMHA_GPU_PREFILL_KERNEL, and the model features (window, softcap, sinks: issue 21).  Every
 sm90 case first checks that explain() names the sm90 kernel for its tensors, so none passes
@@ -452,3 +452,82 @@ def test_narrow_window_takes_the_interleaved_schedule(torch):
     plan = fmha_native.explain(q, k, v, causal=True, window=(100, -1))
     assert plan["kernel"].startswith(SM90) and plan["kernel"].endswith(",interleaved>"), \
         plan["kernel"]
+
+
+# ------------------------------------------------- head_dim 96 and 192 (issue 21)
+# d192 walks 112-key blocks (so block edges fall off the 128-row tiles' edges); d96 runs two
+# 64-column panels whose last 32 columns TMA fills with zeros and drops on the store.
+
+NEW_DIMS = [("bf16", 192), ("f16", 192), ("bf16", 96), ("f16", 96)]
+
+
+@pytest.mark.parametrize("dtype,head_dim", NEW_DIMS)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("seqlen_q,seqlen_k", [(1003, 1), (1003, 17), (1003, 129), (129, 1003),
+                                               (1003, 1003), (17, 1003), (113, 2049)])
+def test_new_dims_lengths_gqa4(torch, seqlen_q, seqlen_k, causal, head_dim, dtype):
+    heads_q, heads_kv = 8, 2
+    q, k, v = qkv(torch, batch_for(seqlen_q, heads_q), seqlen_q, seqlen_k, heads_q, heads_kv,
+                  head_dim, dtype, seed=seqlen_q * 5 + seqlen_k + head_dim)
+    plan, _, _ = check(q, k, v, dtype, causal=causal)
+    assert f",d{head_dim}," in plan["kernel"], plan["kernel"]
+    assert (plan["block_m"], plan["block_n"]) == {96: (128, 128), 192: (128, 112)}[head_dim]
+
+
+@pytest.mark.parametrize("dtype,head_dim", NEW_DIMS)
+@pytest.mark.parametrize("seqlen_q,seqlen_k,causal,window", [
+    (1003, 1003, True, (100, -1)), (515, 515, False, (37, 5)), (129, 1003, False, (200, -1))])
+def test_new_dims_windows(torch, seqlen_q, seqlen_k, causal, window, head_dim, dtype):
+    q, k, v = qkv(torch, batch_for(seqlen_q, 8), seqlen_q, seqlen_k, 8, 2, head_dim, dtype,
+                  seed=seqlen_q + seqlen_k + window[0] + head_dim)
+    check_features(q, k, v, dtype, causal=causal, window=window)
+
+
+@pytest.mark.parametrize("dtype,head_dim", NEW_DIMS)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_new_dims_window_softcap_sinks(torch, causal, head_dim, dtype):
+    heads_q, heads_kv = 16, 4
+    q, k, v = qkv(torch, batch_for(700, heads_q), 700, 1003, heads_q, heads_kv, head_dim, dtype,
+                  seed=head_dim + causal + 40)
+    check_features(q, k, v, dtype, causal=causal, window=(150, -1 if causal else 20), softcap=5.0,
+                   softmax_scale=0.2, sinks=sinks_for(torch, heads_q))
+
+
+@pytest.mark.parametrize("head_dim", [96, 192])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_new_dims_packed_sequences(torch, causal, head_dim):
+    """Tiles ending mid-warpgroup store row by row from registers: at d96 those stores
+    must stop at column 96."""
+    lengths = [1000, 517, 0, 63, 1, 130]
+    q, cu = packed(torch, lengths, 16, head_dim, "bf16", seed=head_dim + causal + 60)
+    k, _ = packed(torch, lengths, 4, head_dim, "bf16", seed=head_dim + causal + 61)
+    v, _ = packed(torch, lengths, 4, head_dim, "bf16", seed=head_dim + causal + 62)
+    check_packed(q, k, v, "bf16", causal=causal, cu_seqlens_q=cu, cu_seqlens_k=cu,
+                 max_seqlen_q=max(lengths), max_seqlen_k=max(lengths))
+
+
+@pytest.mark.parametrize("head_dim", [96, 192])
+def test_new_dims_out_columns_past_head_dim_untouched(torch, head_dim):
+    """out as a view into wider rows: the TMA store of the last panel must not write past
+    head_dim (d96: columns 96..127 of the box are outside the tensor map)."""
+    batch, seqlen, heads = 4, 300, 8
+    q, k, v = qkv(torch, batch, seqlen, seqlen, heads, heads, head_dim, "bf16", seed=head_dim + 70)
+    buf = torch.full((batch, seqlen, heads, head_dim + 64), 7.0, device="cuda",
+                     dtype=torch.bfloat16)
+    out = buf[..., :head_dim]
+    plan = fmha_native.explain(q, k, v, out=out)
+    assert plan["kernel"].startswith(SM90), f"{plan['kernel']}: {plan['reason']}"
+    res, lse = fmha_native.forward(q, k, v, out=out)
+    assert res is out
+    ref_out, ref_lse = reference.forward(q, k, v)
+    assert_close(as_f64(out), as_f64(lse), ref_out, ref_lse, "bf16", what=plan["kernel"])
+    assert bool((buf[..., head_dim:] == 7.0).all())
+
+
+@pytest.mark.parametrize("head_dim", [96, 192])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_new_dims_bitwise_deterministic(torch, causal, head_dim):
+    q, k, v = qkv(torch, 2, 2048, 2048, 16, 4, head_dim, "bf16", seed=12 + head_dim)
+    plan, out1, lse1 = check(q, k, v, "bf16", causal=causal)
+    out2, lse2 = fmha_native.forward(q, k, v, causal=causal)
+    assert bits(out1) == bits(out2) and bits(lse1) == bits(lse2), plan["kernel"]

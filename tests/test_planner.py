@@ -151,20 +151,21 @@ def is_sm90(plan):
 
 
 @pytest.mark.parametrize("device", [H100_SM90, H200_SM90], ids=["H100", "H200"])
-@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("head_dim", [64, 96, 128, 192])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("causal", [False, True])
 def test_sm90_runs_hopper_prefill(device, head_dim, dtype, causal):
     plan = plan_for(prefill(head_dim=head_dim, dtype=dtype, causal=causal), device)
     assert is_sm90(plan), plan["reason"]
     assert plan["kernel"].startswith(f"fwd_sm90<{dtype},d{head_dim}" + (",causal," if causal else ","))
-    # 64 rows per consumer warpgroup: three at head_dim 64, two at 128
-    assert plan["block_m"] == {64: 192, 128: 128}[head_dim] and plan["block_n"] == 128
+    # 64 rows per consumer warpgroup: three at head_dim 64, two from 96 up; 112-key blocks
+    # at 192 (two stages of 128 keys would not fit the shared memory next to Q)
+    block_m, block_n = {64: (192, 128), 96: (128, 128), 128: (128, 128), 192: (128, 112)}[head_dim]
+    assert plan["block_m"] == block_m and plan["block_n"] == block_n
     assert plan["num_splits"] == 1 and plan["walkers_per_split"] == 1
     assert plan["pack_gqa"] is False and "+combine" not in plan["kernel"]
-    block_m = {64: 192, 128: 128}[head_dim]
     assert plan["reason"].startswith(
-        f"Hopper prefill: warp-specialized TMA + wgmma tiles {block_m}x128"), plan["reason"]
+        f"Hopper prefill: warp-specialized TMA + wgmma tiles {block_m}x{block_n}"), plan["reason"]
     # one CTA per SM: as many slots as SMs; one tile per (block_m rows, query head, batch entry)
     assert plan["split"]["slots"] == device["sm_count"]
     assert plan["split"]["tiles"] == 4 * 32 * -(-4096 // block_m)
