@@ -74,6 +74,26 @@
     X(128, 16, 32, FMHA_GPU_DECODE_WALKERS, 3, 1, FMHA_GPU_DECODE_WALKERS) \
     FMHA_GPU_NVIDIA_ROW(X, 192, 16, 16, FMHA_GPU_DECODE_WALKERS, 2, 1, FMHA_GPU_DECODE_WALKERS)
 /*
+ * Decode tiles for an fp8 e4m3fn KV cache (fwd_mma.h kv_ring widens each stage of codes
+ * in shared memory): a walker spends issue slots on the widening, and one warp per
+ * scheduler leaves every latency of its chain exposed, so these run two CTAs of four
+ * walkers per SM (two warps per scheduler) on 16-key steps, whose Q tile, ring of
+ * codes and widened K/V tile fit 28 KB a walker at head_dim 128.  192 keeps one CTA.
+ * Same fields as above; AMD takes its decode rows.
+ */
+#if defined(FMHA_WITH_HIP)
+#define FMHA_GPU_DECODE_FP8_CONFIGS(X) FMHA_GPU_DECODE_CONFIGS(X)
+#else
+#define FMHA_GPU_DECODE_FP8_CONFIGS(X)                                  \
+    X(32, 16, 16, FMHA_GPU_DECODE_WALKERS, 4, 2, FMHA_GPU_DECODE_WALKERS)  \
+    X(64, 16, 16, FMHA_GPU_DECODE_WALKERS, 4, 2, FMHA_GPU_DECODE_WALKERS)  \
+    X(80, 16, 16, FMHA_GPU_DECODE_WALKERS, 4, 2, FMHA_GPU_DECODE_WALKERS)  \
+    X(96, 16, 16, FMHA_GPU_DECODE_WALKERS, 4, 2, FMHA_GPU_DECODE_WALKERS)  \
+    X(128, 16, 16, FMHA_GPU_DECODE_WALKERS, 4, 2, FMHA_GPU_DECODE_WALKERS) \
+    X(192, 16, 16, FMHA_GPU_DECODE_WALKERS, 2, 1, FMHA_GPU_DECODE_WALKERS)
+#endif
+
+/*
  * Hopper (sm_90a) warp-specialized prefill, one row per head_dim, same fields:
  * one producer warpgroup (TMA loads) and block_m / 64 consumer warpgroups of 64
  * rows (three at head_dim 64, whose products are too short to hide a softmax

@@ -372,12 +372,18 @@ static int gpu_mma_config(int64_t head_dim, gpu_tiles *t, int *row)
     return 0;
 }
 
-/* The decode tiles for head_dim (every head_dim of the prefill table has a row). */
-static int gpu_decode_config(int64_t head_dim, gpu_tiles *t)
+/* The decode tiles for head_dim (every head_dim of the prefill table has a row); fp8:
+ * an fp8 KV cache's, whose CTAs per SM, the table's, go to *ctas_per_sm (else that
+ * stays as it was: the runtime measures the 16-bit tiles' occupancy). */
+static int gpu_decode_config(int64_t head_dim, int fp8, gpu_tiles *t, int *ctas_per_sm)
 {
 #define FMHA_MATCH(hd, bm, bn, w, st, ctas, wk) \
-    if (head_dim == (hd)) { *t = (gpu_tiles){bm, bn, w, st, wk}; return 1; }
-    FMHA_GPU_DECODE_CONFIGS(FMHA_MATCH)
+    if (head_dim == (hd)) { *t = (gpu_tiles){bm, bn, w, st, wk}; if (fp8) *ctas_per_sm = (ctas); return 1; }
+    if (fp8) {
+        FMHA_GPU_DECODE_FP8_CONFIGS(FMHA_MATCH)
+    } else {
+        FMHA_GPU_DECODE_CONFIGS(FMHA_MATCH)
+    }
 #undef FMHA_MATCH
     return 0;
 }
@@ -617,13 +623,14 @@ static void plan_kernel(const fmha_fwd_params *p, const fmha_target *t, int kern
 {
     const fmha_device_info *dev = t->device;
     gpu_tiles tiles = {0, 0, 0, 0, 1};
-    int config_row = 0, sm90_ctas = 1;
+    int config_row = 0, table_ctas = 0; /* CTAs per SM from a tile table (0: measured) */
+    const int fp8 = fmha_kv_dtype(p) == FMHA_DTYPE_E4M3;
     if (kernel == FMHA_KERNEL_GPU_SM90) {
-        gpu_sm90_config(p->head_dim, &tiles, &sm90_ctas);
+        gpu_sm90_config(p->head_dim, &tiles, &table_ctas);
     } else {
         gpu_mma_config(p->head_dim, &tiles, &config_row); /* the row indexes ctas_per_sm */
         if (kernel == FMHA_KERNEL_GPU_DECODE)
-            gpu_decode_config(p->head_dim, &tiles);
+            gpu_decode_config(p->head_dim, fp8, &tiles, &table_ctas);
     }
     const int64_t group = p->heads_q / p->heads_kv;
     plan->kernel_id = kernel;
@@ -641,16 +648,15 @@ static void plan_kernel(const fmha_fwd_params *p, const fmha_target *t, int kern
     if (kernel == FMHA_KERNEL_GPU_DECODE && !dev->is_amd && dev->l2_bytes > 0) {
         /* K and V bytes the tiles read: the real lengths when known, else the capacity */
         double keys = lengths_known ? (double)p->total_keys : (double)p->batch * (double)p->seqlen_k;
-        double kv_bytes = keys * (double)p->heads_kv * (double)p->head_dim * 2.0 /* K, V */ * 2.0 /* bytes */;
+        double kv_bytes = keys * (double)p->heads_kv * (double)p->head_dim * 2.0 /* K, V */ * (fp8 ? 1.0 : 2.0);
         plan->kv_read_once = kv_bytes <= FMHA_GPU_READ_ONCE_L2 * (double)dev->l2_bytes;
     }
 
     const int64_t row_tiles = ceil_div(tile_rows(p, plan->pack_gqa), tiles.block_m);
     const int64_t n_tiles = p->batch * (plan->pack_gqa ? p->heads_kv : p->heads_q) * row_tiles;
     const machine gpu = {dev->sm_count,
-                         kernel == FMHA_KERNEL_GPU_SM90
-                             ? sm90_ctas
-                             : gpu_ctas_per_sm(dev, kernel, config_row, p->head_dim, &tiles),
+                         table_ctas > 0 ? table_ctas
+                                        : gpu_ctas_per_sm(dev, kernel, config_row, p->head_dim, &tiles),
                          kernel == FMHA_KERNEL_GPU_MMA ? FMHA_GPU_MMA_SHARE_COST : 0.0,
                          kernel == FMHA_KERNEL_GPU_DECODE ? FMHA_GPU_DECODE_SPLIT_TIE : 1.0};
     /* Ragged chunks only for the heuristic (with a forced num_splits a row's
@@ -706,8 +712,10 @@ static void plan_gpu_kernel(const fmha_fwd_params *p, const fmha_target *t, int 
     gpu_mma_config(p->head_dim, &mma, &row);
     const int64_t group = p->heads_q / p->heads_kv;
     const int asked = t->prefill == FMHA_PREFILL_SM90;
+    int decode_ctas = 0;
     const int decode_rows = p->seqlen_q * group <= FMHA_GPU_DECODE_MAX_ROWS &&
-                            gpu_decode_config(p->head_dim, &decode);
+                            gpu_decode_config(p->head_dim, fmha_kv_dtype(p) == FMHA_DTYPE_E4M3, &decode,
+                                              &decode_ctas);
     fmha_sm90_why why = FMHA_SM90_DECODE;
     if (!decode_rows || asked) {
         const int packed = group > 1 && p->seqlen_q * group <= mma.block_m;

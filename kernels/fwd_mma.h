@@ -935,34 +935,18 @@ template <typename cfg, bool KV8> constexpr int walker_bytes(int stages)
            (KV8 ? atom_align(2 * smem_tile<cfg::block_n, cfg::head_dim>::BYTES) : 0);
 }
 
-/*
- * The K/V ring's stages: the configured ones, or (KV8) as many as fit the 16-bit
- * walker's shared memory.  An fp8 stage holds half the bytes, and a walker keeps its
- * loads in flight only STAGES - 1 blocks ahead, so the deeper ring keeps about as many
- * bytes in flight as the 16-bit one, at the same occupancy.  (AMD's ring is one stage.)
- */
-template <typename cfg, bool KV8> constexpr int kv_stages()
-{
-    const int budget = walker_bytes<cfg, false>(ring_stages(cfg::stages));
-    int stages = ring_stages(cfg::stages);
-    if (KV8 && stages > 1)
-        while (stages < 2 * cfg::stages && walker_bytes<cfg, true>(stages + 1) <= budget)
-            stages++;
-    return stages;
-}
-
 /* Shared memory of one walker: its Q tile and K/V ring (KV8: then one widened K and V
  * tile), rounded up to whole 1024-byte swizzle atoms (padded-row tiles are not), so
  * every walker's tiles stay aligned. */
 template <typename cfg, bool KV8 = false> constexpr int walker_smem_bytes()
 {
-    return walker_bytes<cfg, KV8>(kv_stages<cfg, KV8>());
+    return walker_bytes<cfg, KV8>(ring_stages(cfg::stages));
 }
 
 /* The per-walker sizes of a tile config, as the pieces below use them. */
 template <typename cfg, bool KV8 = false> struct walker_shape {
     static constexpr int HEAD_DIM = cfg::head_dim, BLOCK_M = cfg::block_m, BLOCK_N = cfg::block_n;
-    static constexpr int STAGES = kv_stages<cfg, KV8>();
+    static constexpr int STAGES = ring_stages(cfg::stages);
     static constexpr int THREADS = cfg::walker_warps * WARP_LANES; /* of one walker */
     static constexpr int WARP_M = BLOCK_M / cfg::walker_warps;     /* rows per warp */
     static constexpr int MT = WARP_M / MMA_M;                      /* 16-row mma tiles per warp */
@@ -1154,7 +1138,7 @@ template <typename T, typename cfg, bool PAGED, bool KV8> struct kv_ring {
     using KT = std::conditional_t<KV8, uint8_t, T>; /* what the cache holds */
     /* fp8 walkers are short of issue slots: a warp skips O *= 1 (walk_keys), except at
      * head dims whose O leaves no registers for the vote (192). */
-    static constexpr bool SKIP_UNIT_RESCALE = KV8 && HEAD_DIM <= 128;
+    static constexpr bool SKIP_UNIT_RESCALE = KV8 && cfg::head_dim <= 128;
     static constexpr int BLOCK_N = shape::BLOCK_N, HEAD_DIM = shape::HEAD_DIM, STAGES = shape::STAGES;
     static constexpr int STAGE_BYTES = stage_bytes<cfg, KV8>();
     /* A decode tile is the only reader of its K/V: the plan may have those lines leave

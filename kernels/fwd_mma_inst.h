@@ -28,10 +28,12 @@ namespace {
 #define FMHA_CLOSE(hd, bm, bn, w, st, ctas, wk) >::type
 using prefill_config = FMHA_GPU_MMA_CONFIGS(FMHA_PICK) void FMHA_GPU_MMA_CONFIGS(FMHA_CLOSE);
 using decode_config = FMHA_GPU_DECODE_CONFIGS(FMHA_PICK) void FMHA_GPU_DECODE_CONFIGS(FMHA_CLOSE);
+using decode_fp8_config = FMHA_GPU_DECODE_FP8_CONFIGS(FMHA_PICK) void FMHA_GPU_DECODE_FP8_CONFIGS(FMHA_CLOSE);
 #undef FMHA_PICK
 #undef FMHA_CLOSE
-static_assert(!std::is_void<prefill_config>::value && !std::is_void<decode_config>::value,
-              "every head_dim has a prefill and a decode row in fmha_config.h");
+static_assert(!std::is_void<prefill_config>::value && !std::is_void<decode_config>::value &&
+                  !std::is_void<decode_fp8_config>::value,
+              "every head_dim has a prefill, a decode and an fp8 decode row in fmha_config.h");
 
 /* Allow the kernel its dynamic shared memory (above the 48 KB default). */
 template <typename Kernel> hipError_t allow_smem(Kernel kernel, int smem)
@@ -101,13 +103,8 @@ template <typename T, typename cfg, bool PAGED, bool KV8> fmha_status launch_mas
                     : launch_split<T, cfg, MASK_NONE, PAGED, KV8>(p);
 }
 
-/* An fp8 e4m3fn cache (fmha.h kv_dtype) takes the instances that widen it (fwd_mma.h kv_ring). */
-template <typename T, typename cfg, bool PAGED> fmha_status launch_kv(const fmha_fwd_params &p)
-{
-    return p.kv_dtype == FMHA_DTYPE_E4M3 ? launch_mask<T, cfg, PAGED, true>(p) : launch_mask<T, cfg, PAGED, false>(p);
-}
-
-template <typename T, typename cfg> fmha_status launch_tiles(const fmha_fwd_params &p)
+/* KV8: an fp8 e4m3fn cache (fmha.h kv_dtype), whose instances widen it (fwd_mma.h kv_ring). */
+template <typename T, typename cfg, bool KV8> fmha_status launch_tiles(const fmha_fwd_params &p)
 {
     if (p.block_m != cfg::block_m || p.block_n != cfg::block_n || p.walkers_per_split < 1 ||
         cfg::walkers % p.walkers_per_split != 0)
@@ -121,14 +118,17 @@ template <typename T, typename cfg> fmha_status launch_tiles(const fmha_fwd_para
         record_error("fwd_mma: pages of more than 2^30 keys", hipSuccess);
         return FMHA_ERR_UNSUPPORTED;
     }
-    return p.block_table ? launch_kv<T, cfg, true>(p) : launch_kv<T, cfg, false>(p);
+    return p.block_table ? launch_mask<T, cfg, true, KV8>(p) : launch_mask<T, cfg, false, KV8>(p);
 }
 
 template <typename T> fmha_status launch_dtype(const fmha_fwd_params &p)
 {
+    const bool fp8 = p.kv_dtype == FMHA_DTYPE_E4M3;
     switch (p.kernel) {
-    case FMHA_KERNEL_GPU_DECODE: return launch_tiles<T, decode_config>(p);
-    default: return launch_tiles<T, prefill_config>(p);
+    case FMHA_KERNEL_GPU_DECODE:
+        return fp8 ? launch_tiles<T, decode_fp8_config, true>(p) : launch_tiles<T, decode_config, false>(p);
+    default:
+        return fp8 ? launch_tiles<T, prefill_config, true>(p) : launch_tiles<T, prefill_config, false>(p);
     }
 }
 
