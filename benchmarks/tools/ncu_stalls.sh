@@ -5,7 +5,7 @@
 #   [KV=fp8] bash benchmarks/tools/ncu_stalls.sh B HQ HKV SQ SK D CAUSAL
 set -uo pipefail
 stalls="long_scoreboard short_scoreboard barrier wait mio_throttle lg_throttle math_pipe_throttle no_instruction dispatch_stall not_selected selected membar branch_resolving tex_throttle drain sleeping misc"
-metrics="gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,smsp__issue_active.avg.pct_of_peak_sustained_active,smsp__inst_executed.sum,smsp__warps_active.avg.per_cycle_active"
+metrics="gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,dram__bytes_read.sum,smsp__issue_active.avg.pct_of_peak_sustained_active,smsp__inst_executed.sum,smsp__warps_active.avg.per_cycle_active,l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum,l1tex__data_pipe_lsu_wavefronts_mem_shared.sum,sm__cycles_active.avg,launch__grid_size,launch__occupancy_limit_shared_mem,sm__warps_active.avg.pct_of_peak_sustained_active"
 for s in $stalls; do metrics="$metrics,smsp__average_warps_issue_stalled_${s}_per_issue_active.ratio"; done
 log=$(mktemp)
 ncu --clock-control none --print-units base --kernel-name regex:fwd_mma_kernel --launch-skip 3 --launch-count 1 \
