@@ -17,6 +17,11 @@ Rows:
            each feature / plain <= 1.05.
   head_dim prefill (B,H,H,S,S,D) causal at every GPU head_dim against cuDNN and FA2 on
            the same problem (TFLOP/s; target for 96/192/256: >= cuDNN).
+  fp8      (issue 22) decode and speculative verify against a KV cache at full length
+           (device cache_seqlens): our bf16 cache, the same values as an fp8 e4m3fn cache
+           with a per-tensor and a per-kv-head scale, and cuDNN (bf16) on the plain
+           problem; GB/s counted on the bytes each reads, next to a device copy's.
+           Targets: decode fp8 / bf16 <= 0.55, speculative bf16 / fp8 >= 1.6.
 Every windowed and feature result is checked against the plain kernel run on the keys
 it sees (max_diff).
 """
@@ -51,6 +56,14 @@ COST = [
     (4, 32, 8, 16, 16384, 128, True),
 ]
 SOFTCAP = 30.0
+# (batch, heads_q, heads_kv, seqlen_q, cache length, head_dim)
+FP8 = [
+    (1, 32, 8, 1, 131072, 128),
+    (16, 32, 8, 1, 8192, 128),
+    (64, 32, 8, 1, 4096, 128),
+    (1, 16, 16, 1, 65535, 64),
+    (4, 32, 8, 16, 16384, 128),
+]
 # (batch, heads, seqlen, causal) at each head_dim
 HEAD_DIM_PROBLEM = (4, 16, 4096, True)
 HEAD_DIMS = (32, 64, 80, 96, 128, 192, 256)
@@ -159,15 +172,54 @@ def bench_head_dim(head_dim, reps):
     return row
 
 
+def copy_gbps(reps, nbytes=1 << 30):
+    """A device-to-device copy of nbytes: bytes read plus written per second, in GB/s."""
+    src = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    ms = bench.time_all({"copy": lambda: dst.copy_(src)}, reps, False)["copy"]
+    return 2 * nbytes / ms / 1e6
+
+
+def bench_fp8(shape, reps):
+    b, hq, hkv, sq, sk, d = shape
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    q = randn(b, sq, hq, d, gen=gen)
+    k, v = randn(b, sk, hkv, d, gen=gen), randn(b, sk, hkv, d, gen=gen)
+    k8, v8 = k.to(torch.float8_e4m3fn), v.to(torch.float8_e4m3fn)
+    head_scale = torch.full((hkv,), 1.0, dtype=torch.float32, device="cuda")
+    causal = sq > 1
+    kw = {"causal": causal, "cache_seqlens": torch.full((b,), sk, dtype=torch.int32, device="cuda")}
+    variants = {"bf16": (k, v, {}), "fp8": (k8, v8, {"k_scale": 1.0, "v_scale": 1.0}),
+                "fp8_head": (k8, v8, {"k_scale": head_scale, "v_scale": head_scale})}
+    row = {"kind": "fp8", "shape": [b, hq, hkv, sq, sk, d],
+           "plans": {n: fmha_native.explain(q, kk, vv, **kw, **x)["kernel"]
+                     for n, (kk, vv, x) in variants.items()}}
+    fns = {n: (lambda kk=kk, vv=vv, x=x: fmha_native.forward(q, kk, vv, **kw, **x))
+           for n, (kk, vv, x) in variants.items()}
+    fns.update(bench.peer_fns(row, q, k, v, False))
+    for name, ms in bench.time_all(fns, reps, True).items():
+        row[name + "_ms"] = ms
+    qo_bytes = 2 * 2 * b * sq * hq * d
+    for name, elem in (("bf16", 2), ("fp8", 1), ("fp8_head", 1)):
+        row[name + "_gbps"] = (elem * 2 * b * sk * hkv * d + qo_bytes) / row[name + "_ms"] / 1e6
+    row["fp8_over_bf16"] = row["fp8_ms"] / row["bf16_ms"]
+    row["fp8_head_over_bf16"] = row["fp8_head_ms"] / row["bf16_ms"]
+    # the fp8 cache holds k rounded to e4m3: compare with the bf16 call on those values
+    want, _ = fmha_native.forward(q, k8.to(torch.bfloat16), v8.to(torch.bfloat16), **kw)
+    row["max_diff"] = max_diff(fns["fp8"]()[0], want)
+    return row
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--json")
-    ap.add_argument("--only", choices=("window", "cost", "head_dim"), action="append",
+    ap.add_argument("--only", choices=("window", "cost", "head_dim", "fp8"), action="append",
                     help="run only these row kinds (repeatable)")
     args = ap.parse_args()
     groups = {"window": ((bench_window_prefill, WINDOW_PREFILL), (bench_window_decode, WINDOW_DECODE)),
-              "cost": ((bench_cost, COST),), "head_dim": ((bench_head_dim, HEAD_DIMS),)}
+              "cost": ((bench_cost, COST),), "head_dim": ((bench_head_dim, HEAD_DIMS),),
+              "fp8": ((bench_fp8, FP8),)}
     rows = []
     for fn, shapes in (g for kind in args.only or list(groups) for g in groups[kind]):
         for shape in shapes:
@@ -178,6 +230,7 @@ def main():
                              "error": str(exc)[:200]})
             print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
             torch.cuda.empty_cache()
+    copy = copy_gbps(args.reps) if "fp8" in (args.only or groups) else None
     print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}  "
           f"cuDNN {torch.backends.cudnn.version()}  fmha_native {fmha_native.info()['version']}")
     print(f"{'window (B,Hq,Hkv,Sq,Sk,D) W':38s} {'win ms':>8s} {'dense ms':>8s} {'w/d':>6s} "
@@ -207,11 +260,22 @@ def main():
                   f"{bench.fmt(r.get('cudnn_ms'), '8.4f')} {bench.fmt(r.get('flash_ms'), '8.4f')} "
                   f"{bench.fmt(r.get('ours_tflops'), '7.1f')} {bench.fmt(r.get('cudnn_tflops'), '8.1f')} "
                   f"{bench.fmt(r.get('ours_vs_cudnn'), '8.3f')}  {r['plan']}")
+    if copy:
+        print(f"{'fp8 (B,Hq,Hkv,Sq,Sk,D)':30s} {'bf16 ms':>8s} {'fp8 ms':>8s} {'fp8/bf16':>8s} "
+              f"{'head/bf16':>9s} {'cudnn ms':>8s} {'bf16 GB/s':>9s} {'fp8 GB/s':>8s} {'diff':>7s}  "
+              f"(device copy {copy:.0f} GB/s)")
+    for r in rows:
+        if r["kind"] == "fp8" and "error" not in r:
+            print(f"{str(tuple(r['shape'])):30s} {r['bf16_ms']:8.4f} {r['fp8_ms']:8.4f} "
+                  f"{r['fp8_over_bf16']:8.3f} {r['fp8_head_over_bf16']:9.3f} "
+                  f"{bench.fmt(r.get('cudnn_ms'), '8.4f')} {r['bf16_gbps']:9.0f} {r['fp8_gbps']:8.0f} "
+                  f"{r['max_diff']:7.1e}  {r['plans']['fp8']}")
     print("command: python benchmarks/bench_features.py " + " ".join(sys.argv[1:]))
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-                       "cudnn": torch.backends.cudnn.version(), "rows": rows}, f, indent=1)
+                       "cudnn": torch.backends.cudnn.version(), "copy_gbps": copy, "rows": rows},
+                      f, indent=1)
 
 
 if __name__ == "__main__":

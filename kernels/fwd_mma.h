@@ -94,17 +94,19 @@ constexpr int pow2_at_least(int n) { return n <= 1 ? 1 : 2 * pow2_at_least((n + 
  * panels of 128-byte rows, chunk c of row r at c ^ (r % 8): the 8 row
  * addresses of an ldmatrix hit 8 different bank groups, and each panel is
  * exactly the 128-byte-swizzled layout wgmma reads (mma_sm90.h).  Other
- * widths pad each row by one chunk instead.
+ * widths pad each row by one chunk instead.  PLAIN: rows back to back, neither
+ * swizzled nor padded, for the fp8 code tiles that only whole-row 16-byte copies
+ * and reads touch (consecutive lanes, consecutive chunks: no bank conflict).
  */
-template <int ROWS, int HEAD_DIM> struct smem_tile {
+template <int ROWS, int HEAD_DIM, bool PLAIN = false> struct smem_tile {
     static constexpr int CHUNKS = HEAD_DIM / ELEMS_PER_CHUNK;
     /* Threads per row in the K/V loaders: CHUNKS rounded up to a power of two, so a
      * pass of a warp's lanes copies whole rows; lanes past CHUNKS copy nothing. */
     static constexpr int LOAD_CHUNKS = pow2_at_least(CHUNKS);
     __device__ static bool copies(int chunk) { return LOAD_CHUNKS == CHUNKS || chunk < CHUNKS; }
     static constexpr int PANEL_CHUNKS = 8; /* 128-byte rows */
-    static constexpr bool SWIZZLED = CHUNKS % PANEL_CHUNKS == 0;
-    static constexpr int ROW_BYTES = SWIZZLED ? PANEL_CHUNKS * 16 : (CHUNKS + 1) * 16;
+    static constexpr bool SWIZZLED = !PLAIN && CHUNKS % PANEL_CHUNKS == 0;
+    static constexpr int ROW_BYTES = SWIZZLED ? PANEL_CHUNKS * 16 : (CHUNKS + (PLAIN ? 0 : 1)) * 16;
     static constexpr int PANEL_BYTES = SWIZZLED ? ROWS * ROW_BYTES : 0;
     static constexpr int BYTES = SWIZZLED ? CHUNKS / PANEL_CHUNKS * PANEL_BYTES : ROWS * ROW_BYTES;
     static constexpr int ELEMS = BYTES / 2;
@@ -177,7 +179,7 @@ template <int ROWS, int HEAD_DIM, int THREADS, typename T, typename Copy>
 __device__ __forceinline__ void load_rows(const Copy &put, const T *first_row, int64_t row_stride,
                                           int64_t valid_rows, int tid)
 {
-    using tile = smem_tile<ROWS, stored_cols<T, HEAD_DIM>()>;
+    using tile = smem_tile<ROWS, stored_cols<T, HEAD_DIM>(), sizeof(T) == 1>;
     static_assert(THREADS % tile::LOAD_CHUNKS == 0, "a pass of the threads copies whole rows");
     constexpr int ROWS_PER_PASS = THREADS / tile::LOAD_CHUNKS;
     static_assert(ROWS % ROWS_PER_PASS == 0, "the passes cover the tile exactly");
@@ -202,7 +204,7 @@ __device__ __forceinline__ void load_rows(const Copy &put, const T *first_row, i
 template <int ROWS, int HEAD_DIM, int THREADS, typename T>
 __device__ __forceinline__ void widen_tile(T *dst, const unsigned char *src, int tid)
 {
-    using codes = smem_tile<ROWS, stored_cols<uint8_t, HEAD_DIM>()>;
+    using codes = smem_tile<ROWS, stored_cols<uint8_t, HEAD_DIM>(), true>;
     using wide = smem_tile<ROWS, HEAD_DIM>;
     constexpr int ITEMS = ROWS * codes::CHUNKS;
 #pragma unroll
@@ -247,8 +249,8 @@ __device__ const uint4 zero_chunk = {0u, 0u, 0u, 0u};
  * that would see one of its keys gets a NaN score and comes out NaN, while
  * rows that mask the key select -inf as for any other; its V rows are zeros.
  */
-template <int ROWS, int COLS, int THREADS> struct paged_rows {
-    using tile = smem_tile<ROWS, COLS>; /* COLS: stored_cols of the cache's rows */
+template <int ROWS, int COLS, int THREADS, bool PLAIN = false> struct paged_rows {
+    using tile = smem_tile<ROWS, COLS, PLAIN>; /* COLS: stored_cols of the cache's rows */
     static_assert(THREADS % tile::LOAD_CHUNKS == 0, "a pass of the threads copies whole rows");
     static constexpr int ROWS_PER_PASS = THREADS / tile::LOAD_CHUNKS;
     static_assert(ROWS % 16 == 0 && ROWS % ROWS_PER_PASS == 0, "the passes cover whole 16-row groups");
@@ -919,7 +921,7 @@ constexpr int atom_align(int n) { return (n + 1023) / 1024 * 1024; }
 /* Bytes of one K or V stage of the ring: 16-bit rows, or (KV8) e4m3fn codes. */
 template <typename cfg, bool KV8> constexpr int stage_bytes()
 {
-    return smem_tile<cfg::block_n, KV8 ? cfg::head_dim / 2 : cfg::head_dim>::BYTES;
+    return smem_tile<cfg::block_n, KV8 ? cfg::head_dim / 2 : cfg::head_dim, KV8>::BYTES;
 }
 
 /* Where a walker's widened K and V tiles (KV8) start: after its Q tile and a K/V ring
@@ -1145,7 +1147,7 @@ template <typename T, typename cfg, bool PAGED, bool KV8> struct kv_ring {
      * L2 first (kv_read_once).  Prefill row tiles of a head share K/V through L2. */
     using kv_copy = std::conditional_t<HAS_L2_HINTS && (cfg::walkers > 1), hinted_copy, plain_copy>;
 
-    using paged = paged_rows<BLOCK_N, stored_cols<KT, HEAD_DIM>(), shape::THREADS>;
+    using paged = paged_rows<BLOCK_N, stored_cols<KT, HEAD_DIM>(), shape::THREADS, KV8>;
     struct no_cursor {
         __device__ no_cursor(const fmha_fwd_params &, int, int, int) {}
     };
