@@ -719,7 +719,7 @@ template <int MT> __device__ __forceinline__ bool some_row_moved(const float (&r
     return moved;
 }
 
-/* O rows *= their rescale factor. */
+/* O rows *= their rescale factor (any accumulator's rows by a factor per row). */
 template <int MT, int DT>
 __device__ __forceinline__ void rescale_rows(float (&o)[MT][DT][4], const float (&rescale)[MT][ACC_ROWS])
 {
@@ -1358,15 +1358,8 @@ template <int MASK, typename cfg, bool ROW_FACTORS = false> struct online_softma
     __device__ __forceinline__ void update(float (&s)[MT][NT][4], int n_block, float (&rescale)[MT][ACC_ROWS],
                                            const fmha_fwd_params &p)
     {
-        if constexpr (ROW_FACTORS) {
-#pragma unroll
-            for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-                for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++)
-                        s[mt][nt][e] *= row_factor[mt][e / ACC_COLS];
-        }
+        if constexpr (ROW_FACTORS)
+            rescale_rows(s, row_factor); /* S rows of codes -> of the dequantized keys */
         softmax_block<MASK>(s, st, rescale, p, (int64_t)n_block * shape::BLOCK_N, free_begin, free_end, len_k,
                             keys, lane);
     }
