@@ -918,23 +918,19 @@ template <typename cfg> __host__ __device__ constexpr bool use_wgmma()
 /* n rounded up to whole 1024-byte swizzle atoms. */
 constexpr int atom_align(int n) { return (n + 1023) / 1024 * 1024; }
 
-/* Bytes of one K or V stage of the ring: 16-bit rows, or (KV8) e4m3fn codes. */
+/* Bytes of one K or V stage of the ring: 16-bit rows, or (KV8) e4m3fn codes in plain rows. */
 template <typename cfg, bool KV8> constexpr int stage_bytes()
 {
-    return smem_tile<cfg::block_n, KV8 ? cfg::head_dim / 2 : cfg::head_dim, KV8>::BYTES;
+    return smem_tile<cfg::block_n, stored_cols<std::conditional_t<KV8, uint8_t, uint16_t>, cfg::head_dim>(),
+                     KV8>::BYTES;
 }
 
-/* Where a walker's widened K and V tiles (KV8) start: after its Q tile and a K/V ring
- * of `stages`, 1024-aligned. */
-template <typename cfg, bool KV8> constexpr int wide_tiles_offset(int stages)
+/* Where a walker's widened K and V tiles (KV8) start: after its Q tile and K/V ring,
+ * 1024-aligned. */
+template <typename cfg, bool KV8> constexpr int wide_tiles_offset()
 {
-    return atom_align(smem_tile<cfg::block_m, cfg::head_dim>::BYTES + 2 * stages * stage_bytes<cfg, KV8>());
-}
-/* Shared memory of one walker with a ring of `stages` (KV8: then one widened K and V tile). */
-template <typename cfg, bool KV8> constexpr int walker_bytes(int stages)
-{
-    return wide_tiles_offset<cfg, KV8>(stages) +
-           (KV8 ? atom_align(2 * smem_tile<cfg::block_n, cfg::head_dim>::BYTES) : 0);
+    return atom_align(smem_tile<cfg::block_m, cfg::head_dim>::BYTES +
+                      2 * ring_stages(cfg::stages) * stage_bytes<cfg, KV8>());
 }
 
 /* Shared memory of one walker: its Q tile and K/V ring (KV8: then one widened K and V
@@ -942,7 +938,7 @@ template <typename cfg, bool KV8> constexpr int walker_bytes(int stages)
  * every walker's tiles stay aligned. */
 template <typename cfg, bool KV8 = false> constexpr int walker_smem_bytes()
 {
-    return walker_bytes<cfg, KV8>(ring_stages(cfg::stages));
+    return wide_tiles_offset<cfg, KV8>() + (KV8 ? atom_align(2 * smem_tile<cfg::block_n, cfg::head_dim>::BYTES) : 0);
 }
 
 /* The per-walker sizes of a tile config, as the pieces below use them. */
@@ -1172,7 +1168,7 @@ template <typename T, typename cfg, bool PAGED, bool KV8> struct kv_ring {
                                        unsigned char *walker_smem, int tid_)
         : p(p_), w(w_), k(k_), v(v_), s_k(walker_smem + shape::q_tile::BYTES),
           s_v(walker_smem + shape::q_tile::BYTES + STAGES * STAGE_BYTES),
-          wide_k(reinterpret_cast<T *>(walker_smem + wide_tiles_offset<cfg, KV8>(STAGES))),
+          wide_k(reinterpret_cast<T *>(walker_smem + wide_tiles_offset<cfg, KV8>())),
           wide_v(wide_k + shape::kv_tile::ELEMS), k_factor(1.f), v_factor(1.f),
           policy(p_.kv_read_once ? L2_EVICT_FIRST : L2_EVICT_NORMAL), tid(tid_),
           cursor(p_, w_.n_first, w_.n_step, tid_)
