@@ -52,6 +52,31 @@ def main():
     for name, fn in rows:
         print(f"{name:40s} {per_call_us(fn):8.1f} us/call")
 
+    # A decode step with device lengths, captured once and replayed (issue 20): the
+    # replay's host cost is the graph launch's, next to a graph of torch SDPA's step.
+    kc = torch.randn(4, 4096, 8, 128, device="cuda", dtype=torch.bfloat16)
+    vc = torch.randn_like(kc)
+    q4 = torch.randn(4, 1, 32, 128, device="cuda", dtype=torch.bfloat16)
+    out4 = torch.empty_like(q4)
+    lse4 = torch.empty(4, 32, 1, device="cuda", dtype=torch.float32)
+    lens = torch.full((4,), 3000, dtype=torch.int32, device="cuda")
+    graphs = {
+        "graph replay: forward(cache_seqlens=)": lambda: fmha_native.forward(
+            q4, kc, vc, cache_seqlens=lens, out=out4, lse=lse4),
+        "graph replay: torch SDPA": lambda: F.scaled_dot_product_attention(
+            q4.transpose(1, 2), kc.transpose(1, 2), vc.transpose(1, 2), enable_gqa=True),
+    }
+    for name, step in graphs.items():
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            step()  # warm-up outside the capture (first-call attributes, workspaces)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            step()
+        print(f"{name:40s} {per_call_us(graph.replay):8.1f} us/call")
+
 
 if __name__ == "__main__":
     main()

@@ -290,14 +290,23 @@ static void split_text(const fmha_plan *plan, char *buf, size_t len)
             /* lengths on the device (plan.c: plan_unseen_lengths) */
             snprintf(buf, len, "lengths not read on the host, up to %lld key blocks: chunks of %lld "
                      "key blocks on %d walker%s, up to %d per entry, so short entries leave the "
-                     "SMs to long ones (the chunk fits lengths spread up to the capacity and models "
-                     "within 3%% of the full-length plan)", (long long)w->key_blocks,
+                     "SMs to long ones (the plan the lengths would get at the capacity)",
+                     (long long)w->key_blocks,
                      (long long)w->chunk, ws, plural(ws), s);
             return;
         }
         snprintf(buf, len, "ragged batch, %lld key blocks in all, longest %lld: chunks of %lld key "
                  "blocks on %d walker%s, up to %d per entry", (long long)w->total_blocks,
                  (long long)w->key_blocks, (long long)w->chunk, ws, plural(ws), s);
+        return;
+    case FMHA_SPLITS_DEVICE:
+        /* lengths on the device, chunks sized there (plan.c: plan_unseen_lengths) */
+        snprintf(buf, len, "lengths not read on the host, up to %lld key blocks: the kernels size "
+                 "the chunks from the lengths they find, about %lld pieces per tile over the batch "
+                 "of at least %d key blocks (%lld at full length), on %d walker%s, up to %d per "
+                 "entry, so short entries leave the SMs to long ones (at the capacity, the plan the "
+                 "lengths would get there, and modelled within 3%% of it)", (long long)w->key_blocks, (long long)w->pieces, w->min_chunk,
+                 (long long)w->chunk, ws, plural(ws), s);
         return;
     case FMHA_SPLITS_HEURISTIC:
         snprintf(walkers, sizeof walkers, ", %d walker%s each", ws, plural(ws));
@@ -315,7 +324,7 @@ static void split_text(const fmha_plan *plan, char *buf, size_t len)
 /* The numbers behind the split count, for tools (benchmarks read tiles and slots). */
 static PyObject *split_dict(const fmha_plan *plan)
 {
-    static const char *const rules[] = {"forced", "heuristic", "ragged"};
+    static const char *const rules[] = {"forced", "heuristic", "ragged", "device"};
     const fmha_split_why *w = &plan->split;
     PyObject *d = PyDict_New();
     if (!d)
@@ -332,7 +341,12 @@ static PyObject *split_dict(const fmha_plan *plan)
           fmha_dict_set(d, "busy", PyFloat_FromDouble(w->busy)) < 0)) ||
         (w->rule == FMHA_SPLITS_RAGGED &&
          (fmha_dict_set(d, "total_blocks", PyLong_FromLongLong(w->total_blocks)) < 0 ||
-          fmha_dict_set(d, "chunk", PyLong_FromLongLong(w->chunk)) < 0))) {
+          fmha_dict_set(d, "chunk", PyLong_FromLongLong(w->chunk)) < 0)) ||
+        (w->rule == FMHA_SPLITS_DEVICE &&
+         (fmha_dict_set(d, "total_blocks", PyLong_FromLongLong(0)) < 0 ||
+          fmha_dict_set(d, "chunk", PyLong_FromLongLong(w->chunk)) < 0 ||
+          fmha_dict_set(d, "pieces", PyLong_FromLongLong(w->pieces)) < 0 ||
+          fmha_dict_set(d, "min_chunk", PyLong_FromLongLong(w->min_chunk)) < 0))) {
         Py_DECREF(d);
         return NULL;
     }

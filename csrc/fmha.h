@@ -204,6 +204,10 @@ typedef struct fmha_fwd_params {
                                long entries get more non-empty splits); 0 = each entry's blocks
                                divided by num_splits.  Decode tiles' splits take the blocks
                                interleaved (fwd_mma.h make_work), prefill tiles' contiguous */
+    int64_t device_pieces;  /* GPU, lengths on the device: > 0 sizes the splits' chunk on the device
+                               from the lengths it finds (fmha_device_chunk; split_blocks unused),
+                               about this many pieces per tile over the batch; 0 = off */
+    int device_min_chunk;   /* ... and never fewer key blocks per split than this */
     int walkers_per_split;  /* GPU: walkers (fmha_config.h: groups of a CTA's warps, each with
                                its own Q tile and K/V ring) that share one split's key blocks,
                                block j of the split going to walker j % walkers_per_split, and
@@ -226,6 +230,31 @@ typedef struct fmha_fwd_params {
     int device;             /* GPU ordinal */
     int num_threads;        /* CPU worker threads (0 = the pool's size) */
 } fmha_fwd_params;
+
+/* Compiled for the host and, in the kernels, for the device. */
+#if defined(__CUDACC__) || defined(__HIPCC__)
+#define FMHA_HOST_DEVICE __host__ __device__
+#else
+#define FMHA_HOST_DEVICE
+#endif
+
+/*
+ * Key blocks per split of a plan that sizes them on the device (device_pieces > 0),
+ * from the batch's `longest` entry and the `total` of its entries' key blocks (both
+ * as the kernels count them: 0 for an entry whose lengths are bad): about `pieces`
+ * pieces per tile in all, at least `min_chunk` blocks each, and never more than
+ * `splits` (num_splits) pieces for one entry.  The planner models its plans with
+ * the same function.
+ */
+FMHA_HOST_DEVICE static inline int64_t fmha_device_chunk(int64_t longest, int64_t total, int64_t splits,
+                                                         int64_t pieces, int64_t min_chunk)
+{
+    const int64_t fit = (longest + splits - 1) / splits;
+    int64_t chunk = (total + pieces - 1) / pieces;
+    chunk = chunk > fit ? chunk : fit;
+    chunk = chunk > min_chunk ? chunk : min_chunk;
+    return chunk > 0 ? chunk : 1;
+}
 
 /*
  * Merge of num_splits partial states (the split-K combine, also exposed as
@@ -321,6 +350,7 @@ typedef enum fmha_split_rule {
     FMHA_SPLITS_FORCED = 0,    /* the caller's num_splits, clamped to the key blocks */
     FMHA_SPLITS_HEURISTIC = 1, /* equal tiles: the time model's best count */
     FMHA_SPLITS_RAGGED = 2,    /* per-entry key lengths: equal chunks of `chunk` key blocks */
+    FMHA_SPLITS_DEVICE = 3,    /* lengths on the device: chunks sized there (fmha_device_chunk) */
 } fmha_split_rule;
 
 /*
@@ -359,7 +389,9 @@ typedef struct fmha_split_why {
     int64_t all_key_blocks; /* key blocks of the longest sequence; key_blocks is fewer when a
                                window hides some from every tile (only those are counted) */
     int64_t total_blocks;   /* RAGGED: key blocks of the whole batch */
-    int64_t chunk;          /* RAGGED: key blocks per split */
+    int64_t chunk;          /* RAGGED: key blocks per split; DEVICE: at full length */
+    int64_t pieces;         /* DEVICE: device_pieces */
+    int min_chunk;          /* DEVICE: device_min_chunk */
 } fmha_split_why;
 
 /*
@@ -376,6 +408,8 @@ typedef struct fmha_plan {
     int block_m, block_n;
     int pack_gqa;
     int split_blocks;       /* see fmha_fwd_params.split_blocks */
+    int64_t device_pieces;  /* see fmha_fwd_params.device_pieces */
+    int device_min_chunk;   /* see fmha_fwd_params.device_min_chunk */
     int walkers_per_split;  /* see fmha_fwd_params.walkers_per_split */
     int kv_read_once;       /* see fmha_fwd_params.kv_read_once */
     int schedule;           /* see fmha_fwd_params.schedule */

@@ -183,6 +183,18 @@
  * faster with more splits runs slower.  Prefill keeps the plain minimum (the
  * tie would move some of its shapes to too few splits). */
 #define FMHA_GPU_DECODE_SPLIT_TIE 0.97
+/*
+ * Lengths on the device (never read on the host): plans whose chunk the kernels size
+ * from the lengths they find (fmha_device_chunk, plan.c plan_unseen_lengths).  A
+ * chunk is never under FMHA_DEVICE_CHUNK_MIN_BLOCKS key blocks (a piece's fill,
+ * epilogue and partials are about 5 blocks' worth); every CTA sums the lengths
+ * itself, so batches over FMHA_DEVICE_CHUNK_MAX_BATCH keep chunks fixed by the host.
+ * The plans are modelled on lengths spread evenly up to the capacity and on one
+ * entry at the capacity with the others at 1/FMHA_UNSEEN_SKEW of it.
+ */
+#define FMHA_DEVICE_CHUNK_MIN_BLOCKS 16
+#define FMHA_DEVICE_CHUNK_MAX_BATCH 1024
+#define FMHA_UNSEEN_SKEW 16
 
 /*
  * A decode tile is the only reader of its K/V.  When the K/V bytes of a call total at

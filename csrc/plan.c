@@ -211,110 +211,137 @@ static void plan_splits(int requested, split_work *w, const machine *m, fmha_pla
 /*
  * Lengths on the device (cache_seqlens or cu_seqlens_k the host does not
  * read): the plan must serve whatever lengths the kernels find, from all at
- * the capacity to a spread of long and short ones.  The heuristic's plan is
- * made for all at the capacity; on spread lengths its CTAs end unevenly and
- * the SMs of short entries idle while the longest entries finish.  Cutting
- * every entry into chunks of a fixed number of key blocks (split_blocks, as
- * the ragged rule does) gives each entry as many non-empty splits as its
- * length needs; the CTAs of splits past an entry's length walk no key block
- * and only write empty partials (lse = -inf, which the combine skips).
- *
- * The chunk is chosen on two cases of the same model: `full`, every entry at
- * the capacity (the heuristic's case), and `spread`, lengths spread evenly
- * over [0, capacity] (half the capacity's key blocks per entry in all, the
- * ragged rule's model of the pieces, plus the empty CTAs' partials).  A
- * chunked plan is taken when it models faster than the heuristic's plan on
- * spread lengths while modelling at most FMHA_UNSEEN_LENGTHS_SLACK times the
- * heuristic's plan at full length, so that a batch at the capacity keeps
- * (within that bound) the heuristic's speed: issue 20 allows a
- * length-independent plan 3% over a length-aware one.  The bound also bounds
- * the empty CTAs and the partials: every split adds pieces at full length.
+ * the capacity to a spread of long and short ones.  A plan made for all at the
+ * capacity ends unevenly on spread lengths: the SMs of short entries idle while
+ * the longest finish.  Both kinds of plan cut every entry into chunks so that
+ * each gets as many non-empty splits as its length needs (the CTAs of splits
+ * past an entry's length walk no key block and only write empty partials,
+ * lse = -inf, which the combine skips):
+ *   fixed chunks   split_blocks key blocks, the length-aware plan's at the capacity;
+ *   device chunks  sized by the kernels from the lengths they find
+ *                  (fmha_device_chunk: about `pieces` pieces per tile, at least
+ *                  FMHA_DEVICE_CHUNK_MIN_BLOCKS blocks, at most num_splits per
+ *                  entry), so that a batch of short entries, or one long entry
+ *                  among short ones, still spreads over every SM.
+ * Plans are modelled on three cases of the same model: `full`, every entry at
+ * the capacity; `spread`, lengths spread evenly over [0, capacity]; `skew`,
+ * one entry at the capacity and the others at 1/FMHA_UNSEEN_SKEW of it.
+ * Issue 20 allows a length-independent plan 3% over a length-aware one: at full
+ * length a plan must model within FMHA_UNSEEN_LENGTHS_SLACK of the length-aware
+ * plan, which bounds the empty CTAs of a wide grid.
  */
 #define FMHA_UNSEEN_LENGTHS_SLACK 1.03
 
-/* Modelled time of s splits of ws walkers each with every entry at the capacity
- * (w: the equal tiles of the whole batch). */
-static double full_time(const split_work *w, const machine *m, int64_t s, int ws)
+/* Modelled time of `pieces` (tile, split) pieces of at most `chunk` key blocks, ws
+ * walkers each, on a grid of `launched` pieces: the others are empty, and in a split
+ * plan each writes its empty partials. */
+static double pieces_time(const split_work *w, const machine *m, int64_t pieces, int64_t launched,
+                          int64_t chunk, int ws, int split)
 {
-    const int64_t chunk = ceil_div(w->key_blocks, s);
-    return model_time(m, ceil_div(w->tiles * s * ws, w->walkers),
-                      ceil_div(chunk, ws) + (s > 1 ? w->partial : 0));
-}
-
-/* Modelled time of s chunks of ceil(key_blocks / s) blocks, ws walkers each, on
- * spread lengths (w: the ragged work of one entry's tiles and the assumed total). */
-static double spread_time(const split_work *w, const machine *m, int64_t s, int ws)
-{
-    const int64_t chunk = ceil_div(w->key_blocks, s), launched = w->tiles * w->batch * s;
-    int64_t pieces = split_pieces(w, s, chunk);
     pieces = pieces < launched ? pieces : launched;
     const int64_t ctas = ceil_div(pieces * ws, w->walkers);
     const int64_t empty = ceil_div(launched * ws, w->walkers) - ctas;
-    double t = model_time(m, ctas, ceil_div(chunk, ws) + (s > 1 ? w->partial : 0));
-    if (s > 1)
+    double t = model_time(m, ctas, ceil_div(chunk, ws) + (split ? w->partial : 0));
+    if (split)
         t += (double)ceil_div(empty, machine_slots(m)) * (double)w->partial;
     return t;
 }
 
+/* A plan for unseen lengths: `splits` splits of ws walkers; chunks of fixed key
+ * blocks (pieces 0: ceil(key_blocks / splits)) or sized on the device. */
+typedef struct unseen_plan {
+    int64_t splits, pieces;
+    int ws;
+} unseen_plan;
+
+/* The chunk of plan u for a batch whose longest entry has `longest` key blocks and all
+ * together `total` (key_blocks: the capacity's). */
+static int64_t unseen_chunk(const unseen_plan *u, int64_t key_blocks, int64_t longest, int64_t total)
+{
+    if (!u->pieces)
+        return ceil_div(key_blocks, u->splits);
+    return fmha_device_chunk(longest, total, u->splits, u->pieces, FMHA_DEVICE_CHUNK_MIN_BLOCKS);
+}
+
+/* Modelled times of plan u (full: the equal tiles of the whole batch) at full length,
+ * and on spread + skewed lengths. */
+static double unseen_full(const split_work *full, const machine *m, const unseen_plan *u)
+{
+    const int64_t K = full->key_blocks, B = full->batch;
+    const int64_t chunk = unseen_chunk(u, K, K, B * K);
+    const int64_t per_tile = ceil_div(K, chunk) < u->splits ? ceil_div(K, chunk) : u->splits;
+    return pieces_time(full, m, full->tiles * per_tile, full->tiles * u->splits, chunk, u->ws, u->splits > 1);
+}
+static double unseen_spread_skew(const split_work *full, const machine *m, const unseen_plan *u)
+{
+    const int64_t K = full->key_blocks, B = full->batch, tiles = full->tiles / B;
+    const int64_t launched = full->tiles * u->splits, short_len = ceil_div(K, FMHA_UNSEEN_SKEW);
+    /* spread: half the capacity's blocks in all, the last chunk of each entry half full */
+    const int64_t spread_total = B * K / 2 > 0 ? B * K / 2 : 1;
+    const int64_t c1 = unseen_chunk(u, K, K, spread_total);
+    const double spread = pieces_time(full, m, tiles * (ceil_div(spread_total, c1) + B / 2), launched, c1,
+                                      u->ws, u->splits > 1);
+    const int64_t c2 = unseen_chunk(u, K, K, K + (B - 1) * short_len);
+    const double skew = pieces_time(full, m, tiles * (ceil_div(K, c2) + (B - 1) * ceil_div(short_len, c2)),
+                                    launched, c2, u->ws, u->splits > 1);
+    return spread + skew;
+}
+
 /*
- * After plan_splits on the equal tiles of the whole batch (`full`): the chunked
- * plan for lengths the host cannot see, or the heuristic's plan unchanged.  Over
- * s = 1 .. min(key_blocks, FMHA_MAX_HEURISTIC_SPLITS) and ws = walkers .. 1, among
- * the plans whose full_time is within the slack of the heuristic's, the least
- * spread_time wins, with split_search's tie rules (more splits must model below
- * split_tie times the best so far; ties to more walkers, then fewer splits); the
- * heuristic's own plan starts as the best.
+ * After plan_splits on the equal tiles of the whole batch (`full`): the plan for
+ * lengths the host cannot see.  The reference is the length-aware plan of a batch
+ * at the capacity (the ragged rule's s splits of ws walkers, chunks of
+ * ceil(key_blocks / s)): that plan with fixed chunks, or (batch up to
+ * FMHA_DEVICE_CHUNK_MAX_BATCH) its device-chunk form: batch x s pieces per tile,
+ * which at full length are the same chunks and shrink with the total found, on a
+ * grid of more splits (the most, up to one per FMHA_DEVICE_CHUNK_MIN_BLOCKS, halved
+ * down to s) so that a long entry among short ones still spreads over the SMs.
+ * The plan that models fastest on spread + skew lengths is taken, among those
+ * that model within FMHA_UNSEEN_LENGTHS_SLACK of the reference at full length
+ * (the empty CTAs of the wider grids).
  */
 static void plan_unseen_lengths(const split_work *full, const machine *m, fmha_plan *plan)
 {
-    split_work spread = *full;
-    spread.tiles = full->tiles / full->batch;
-    spread.total_blocks = full->batch * full->key_blocks / 2;
-    if (spread.total_blocks < 1)
-        spread.total_blocks = 1;
-    const int64_t limit = full->key_blocks < FMHA_MAX_HEURISTIC_SPLITS ? full->key_blocks
-                                                                      : FMHA_MAX_HEURISTIC_SPLITS;
-    const int64_t heuristic = plan->num_splits;
-    const int heuristic_ws = plan->walkers_per_split;
-    const double bound = FMHA_UNSEEN_LENGTHS_SLACK * full_time(full, m, heuristic, heuristic_ws);
-    /* Split plans' full_time is at least the work spread over every walker slot plus
-     * each piece's fixed cost, tiles * (key_blocks + s ws (overhead + partial)) /
-     * (walkers x slots), which grows with s: past the bound no larger s fits (the
-     * search stays a few dozen plans on the host's path of every decode call). */
-    const double per_slot = (double)full->tiles / ((double)full->walkers * (double)machine_slots(m));
-    const double floor_time = per_slot * (double)full->key_blocks;
-    const double piece_time = per_slot * (double)(FMHA_SPLIT_OVERHEAD_BLOCKS + full->partial);
-    int64_t best = heuristic;
-    int best_ws = heuristic_ws;
-    double best_cost = spread_time(&spread, m, heuristic, heuristic_ws);
-    for (int ws = full->walkers; ws >= 1; ws /= 2)
-        for (int64_t s = 1; s <= (limit > 1 ? limit : 1); s++) {
-            const int64_t chunk = ceil_div(full->key_blocks, s);
-            if (ws > 1 && chunk < ws)
-                break; /* a walker with no block */
-            if (s > 1 && floor_time + piece_time * (double)(s * ws) > bound)
-                break;
-            if (full_time(full, m, s, ws) > bound)
-                continue;
-            const double cost = spread_time(&spread, m, s, ws);
-            if (cost < best_cost * (s > best ? m->split_tie : 1.0)) {
-                best_cost = cost;
-                best = s;
-                best_ws = ws;
+    const int64_t K = full->key_blocks, B = full->batch, tiles = full->tiles / B;
+    const int64_t limit = K < FMHA_MAX_HEURISTIC_SPLITS ? K : FMHA_MAX_HEURISTIC_SPLITS;
+    split_work at_capacity = {tiles, K, B * K, B, full->partial, full->walkers, 1.0};
+    int ws = 1;
+    const int64_t s = split_search(&at_capacity, m, &ws);
+    const unseen_plan fixed = {s, 0, ws};
+    unseen_plan best = fixed;
+    if (B <= FMHA_DEVICE_CHUNK_MAX_BATCH) {
+        const double bound = FMHA_UNSEEN_LENGTHS_SLACK * unseen_full(full, m, &fixed);
+        double best_cost = unseen_spread_skew(full, m, &fixed);
+        const int64_t most = ceil_div(K, FMHA_DEVICE_CHUNK_MIN_BLOCKS) < limit
+                                 ? ceil_div(K, FMHA_DEVICE_CHUNK_MIN_BLOCKS)
+                                 : limit;
+        for (int64_t splits = most > s ? most : s;; splits = splits / 2 > s ? splits / 2 : s) {
+            const unseen_plan u = {splits, B * s, ws};
+            if (unseen_full(full, m, &u) <= bound) {
+                const double cost = unseen_spread_skew(full, m, &u);
+                if (cost < best_cost) {
+                    best_cost = cost;
+                    best = u;
+                }
             }
+            if (splits == s)
+                break;
         }
-    if (best == heuristic && best_ws == heuristic_ws)
-        return; /* the heuristic's plan, each entry's blocks divided by its splits */
+    }
     fmha_split_why *why = &plan->split;
-    plan->num_splits = (int)best;
-    plan->walkers_per_split = best_ws;
-    why->rule = FMHA_SPLITS_RAGGED;
-    why->tiles = spread.tiles;
+    plan->num_splits = (int)best.splits;
+    plan->walkers_per_split = best.ws;
+    why->rule = best.pieces ? FMHA_SPLITS_DEVICE : FMHA_SPLITS_RAGGED;
+    why->tiles = tiles;
     why->total_blocks = 0; /* not known: explain says the lengths are unseen */
-    why->chunk = ceil_div(full->key_blocks, best);
+    why->chunk = unseen_chunk(&best, K, K, B * K);
+    why->pieces = best.pieces;
+    why->min_chunk = best.pieces ? FMHA_DEVICE_CHUNK_MIN_BLOCKS : 0;
     why->waves = 0;
     why->busy = 0.0;
-    plan->split_blocks = best > 1 ? (int)why->chunk : 0;
+    plan->split_blocks = !best.pieces && best.splits > 1 ? (int)why->chunk : 0;
+    plan->device_pieces = best.pieces;
+    plan->device_min_chunk = why->min_chunk;
 }
 
 /* Key blocks' worth of time a split CTA spends on its fp32 partials (written,
@@ -639,6 +666,8 @@ static void plan_kernel(const fmha_fwd_params *p, const fmha_target *t, int kern
     plan->block_n = tiles.block_n;
     plan->num_splits = 1;
     plan->split_blocks = 0;
+    plan->device_pieces = 0;
+    plan->device_min_chunk = 0;
     plan->walkers_per_split = 1;
     plan->kv_read_once = 0;
     plan->schedule = kernel == FMHA_KERNEL_GPU_SM90 ? sm90_schedule(p, tiles.block_n) : 0;
@@ -687,6 +716,8 @@ static void plan_kernel(const fmha_fwd_params *p, const fmha_target *t, int kern
         plan->num_splits = 1;
         plan->walkers_per_split = 1;
         plan->split_blocks = 0;
+        plan->device_pieces = 0;
+        plan->device_min_chunk = 0;
         plan->split.rule = FMHA_SPLITS_HEURISTIC;
         plan->split.chunk = 0;
         plan->split.waves = ceil_div(n_tiles, machine_slots(&gpu));
@@ -764,6 +795,8 @@ fmha_status fmha_plan_make(const fmha_fwd_params *p, const fmha_target *t, int r
 void fmha_plan_apply(const fmha_plan *plan, fmha_fwd_params *p)
 {
     p->split_blocks = plan->split_blocks;
+    p->device_pieces = plan->device_pieces;
+    p->device_min_chunk = plan->device_min_chunk;
     p->walkers_per_split = plan->walkers_per_split > 0 ? plan->walkers_per_split : 1;
     p->kv_read_once = plan->kv_read_once;
     p->schedule = plan->schedule;

@@ -124,7 +124,9 @@ __global__ void __launch_bounds__(COMBINE_THREADS, 1) combine_kernel(const fmha_
                 for (int u = 0; u < COMBINE_UNROLL; u++) {
                     const int64_t g = g0 + (int64_t)u * shape.groups;
                     l[u] = g < c.num_splits ? load_l2(lse_row + g * c.lp_split_stride) : -INFINITY;
-                    if (has && g < c.num_splits) {
+                    /* an empty split (-inf) weighs nothing: its O is not read (the
+                     * producer does not write it, fwd_mma.h write_rows) */
+                    if (has && l[u] != -INFINITY) {
                         load_features<VEC>(o_row + g * c.op_split_stride + d, x[u]);
                     } else {
 #pragma unroll

@@ -448,6 +448,62 @@ __device__ __forceinline__ block_span window_blocks(const fmha_fwd_params &p, in
     return {first, hi < lo ? first : hi / BLOCK_N + 1};
 }
 
+/*
+ * Sequence b's lengths and where its rows start (fmha.h's geometry, packed or not).
+ * Device lengths are not checked on the host (no sync): they are clamped so that no
+ * row outside the tensors is touched, and a sequence they do not describe (`bad`)
+ * reads no key (len_k 0) and its rows become NaN.
+ */
+struct entry_geometry {
+    int64_t len_q, len_k;
+    int64_t q_start, kv_start; /* row of query 0 / key 0: cu_seqlens (clamped), or 0 */
+    bool q_packed, k_packed;   /* rows of one batch entry 0 (cu_seqlens_q / cu_seqlens_k) */
+    bool bad;
+};
+__device__ __forceinline__ entry_geometry entry_of(const fmha_fwd_params &p, int64_t b)
+{
+    entry_geometry e{p.seqlen_q, p.seqlen_k, 0, 0, p.cu_seqlens_q != nullptr, p.cu_seqlens_k != nullptr, false};
+    if (p.cu_seqlens_q) {
+        const packed_span s = packed_span_of(p.cu_seqlens_q, b, p.total_q, p.seqlen_q);
+        e.len_q = s.len;
+        e.q_start = s.start;
+        e.bad = s.bad;
+    }
+    if (p.cu_seqlens_k) {
+        const packed_span s = packed_span_of(p.cu_seqlens_k, b, p.total_k, p.seqlen_k);
+        e.len_k = s.len;
+        e.kv_start = s.start;
+        e.bad = e.bad || s.bad;
+    } else if (p.seqlens_k) {
+        /* Cached keys plus the appended ones must fit the capacity: else no key outside the
+         * cache is ever read. */
+        const int64_t new_len = !p.k_new ? 0 : p.cu_seqlens_q ? e.len_q : p.seqlen_new;
+        const int64_t cached = p.seqlens_k[b];
+        e.bad = e.bad || cached < 0 || cached + new_len > p.seqlen_k;
+        e.len_k = cached + new_len;
+    }
+    if (e.bad)
+        e.len_k = 0;
+    return e;
+}
+
+/*
+ * Key blocks per split when the plan sizes them on the device (p.device_pieces > 0,
+ * lengths the host never read): the batch's longest entry and the sum of its entries'
+ * blocks, gathered by each warp over every entry, into fmha_device_chunk.  Every lane
+ * of the warp must call it (uniform: it depends on p only).
+ */
+template <int BLOCK_N> __device__ __forceinline__ int64_t device_chunk(const fmha_fwd_params &p)
+{
+    int64_t total = 0, longest = 0;
+    for (int64_t b = (int64_t)threadIdx.x % WARP_LANES; b < p.batch; b += WARP_LANES) {
+        const int64_t n = (entry_of(p, b).len_k + BLOCK_N - 1) / BLOCK_N;
+        total += n;
+        longest = n > longest ? n : longest;
+    }
+    return fmha_device_chunk(warp_max(longest), warp_sum(total), p.num_splits, p.device_pieces, p.device_min_chunk);
+}
+
 template <int BLOCK_M, int BLOCK_N, int MASK, int WALKERS>
 __device__ __forceinline__ cta_work make_work(const fmha_fwd_params &p, int64_t unit)
 {
@@ -479,36 +535,15 @@ __device__ __forceinline__ cta_work make_work(const fmha_fwd_params &p, int64_t 
         w.b = 0;
     w.row0 = m_block * BLOCK_M;
 
-    /* This sequence's geometry (fmha.h).  Device lengths are not checked on the host (no
-     * sync): they are clamped so that no row outside the tensors is touched, and a
-     * sequence they do not describe reads no key and its rows become NaN. */
-    int64_t len_q = p.seqlen_q, len_k = p.seqlen_k;
-    w.q_batch = w.kv_batch = w.b;
-    w.q_start = w.kv_start = 0;
-    w.bad_len = false;
-    if (p.cu_seqlens_q && active) {
-        const packed_span s = packed_span_of(p.cu_seqlens_q, w.b, p.total_q, p.seqlen_q);
-        len_q = s.len;
-        w.q_start = s.start;
-        w.q_batch = 0;
-        w.bad_len = s.bad;
-    }
-    if (p.block_table)
-        w.kv_batch = 0; /* pages: the batch stride is the page stride */
-    if (p.cu_seqlens_k && active) {
-        const packed_span s = packed_span_of(p.cu_seqlens_k, w.b, p.total_k, p.seqlen_k);
-        len_k = s.len;
-        w.kv_start = s.start;
-        w.kv_batch = 0;
-        w.bad_len = w.bad_len || s.bad;
-    } else if (p.seqlens_k && active) {
-        /* Cached keys plus the appended ones must fit the capacity: else no key outside the
-         * cache is ever read. */
-        const int64_t new_len = !p.k_new ? 0 : p.cu_seqlens_q ? len_q : p.seqlen_new;
-        const int64_t cached = p.seqlens_k[w.b];
-        w.bad_len = w.bad_len || cached < 0 || cached + new_len > p.seqlen_k;
-        len_k = cached + new_len;
-    }
+    /* This sequence's geometry (fmha.h), its device lengths clamped (entry_of). */
+    const entry_geometry e = entry_of(p, w.b);
+    const int64_t len_q = active ? e.len_q : p.seqlen_q;
+    w.q_batch = active && e.q_packed ? 0 : w.b;
+    w.kv_batch = (active && e.k_packed) || p.block_table ? 0 : w.b; /* pages: the batch stride is the page stride */
+    w.q_start = active ? e.q_start : 0;
+    w.kv_start = active ? e.kv_start : 0;
+    w.bad_len = active && e.bad;
+    const int64_t len_k = e.len_k;
     w.rows = !active ? 0 : p.pack_gqa ? len_q * w.group : len_q;
     w.len_k = active && !w.bad_len ? len_k : 0;
     w.diag = w.len_k - len_q;
@@ -524,8 +559,9 @@ __device__ __forceinline__ cta_work make_work(const fmha_fwd_params &p, int64_t 
         base = seen.first;
         n_blocks = seen.end - seen.first;
     }
-    int64_t per_split = p.split_blocks > 0 ? p.split_blocks
-                                           : fmha_divide(n_blocks + p.num_splits - 1, p.num_splits).q;
+    int64_t per_split = p.device_pieces > 0   ? device_chunk<BLOCK_N>(p)
+                        : p.split_blocks > 0 ? p.split_blocks
+                                             : fmha_divide(n_blocks + p.num_splits - 1, p.num_splits).q;
     if constexpr (MASK == MASK_WINDOW) {
         /* The plan's chunk covers the visible blocks of any tile; never drop one if not. */
         const int64_t even = fmha_divide(n_blocks + p.num_splits - 1, p.num_splits).q;
@@ -1465,12 +1501,15 @@ template <int BLOCK_M, int HEAD_DIM> struct merge_area {
  * that saw no key give 0 and -inf.  Alone, a walker writes them out (the
  * output, or its split's partials); walkers sharing a split `park` them in
  * their merge areas for merge_walkers.  `sinks` (nullptr: none; never for
- * partials) join the rows' denominators as they are written (fold.h).
+ * partials) join the rows' denominators as they are written (fold.h).  A
+ * partial row (`partial`) that saw no key writes only its lse, -inf: the
+ * combine never reads the O of such a split, so the empty pieces of a wide
+ * split grid cost no O traffic.
  */
 template <typename cfg, typename Addr, typename Softmax, typename O>
 __device__ __forceinline__ void write_rows(const O &o, const Softmax &softmax, const Addr &at, const cta_work &w,
                                            const walker_thread<cfg> &me, bool park, unsigned char *walker_smem,
-                                           const float *sinks, float v_factor)
+                                           const float *sinks, float v_factor, bool partial)
 {
     using shape = walker_shape<cfg>;
     constexpr int MT = shape::MT, DT = shape::DT;
@@ -1505,6 +1544,12 @@ __device__ __forceinline__ void write_rows(const O &o, const Softmax &softmax, c
             if (row >= w.rows)
                 continue;
             const int64_t i = w.query_of(row), h = w.head_of(row);
+            float *slot = acc_row_leader(lane) ? at.lse_slot(i, h) : nullptr;
+            if (partial && l == 0.f) {
+                if (slot)
+                    *slot = -INFINITY;
+                continue;
+            }
             float row_inv = inv, row_lse = lse * LN2;
             if (sinks)
                 fold_sink(row_lse, row_inv, sinks[h]); /* scales row_inv by l / (l + e^sink) */
@@ -1512,7 +1557,6 @@ __device__ __forceinline__ void write_rows(const O &o, const Softmax &softmax, c
 #pragma unroll
             for (int dt = 0; dt < DT; dt++)
                 store_row(dst, dt * MMA_N, &o[mt][dt][half * ACC_COLS], row_inv);
-            float *slot = acc_row_leader(lane) ? at.lse_slot(i, h) : nullptr;
             if (slot)
                 *slot = row_lse;
         }
@@ -1526,11 +1570,12 @@ __device__ __forceinline__ void write_rows(const O &o, const Softmax &softmax, c
  * slowest walker is still parking); an item is 4 features (one 16-byte shared
  * read per walker), so a tile of 4 valid rows gives every warp of the CTA
  * one, and the 1/total and log2 total are the approximate ones (total >= 1:
- * the top walker weighs 1).  `sinks` (nullptr: none) join the merged rows.
+ * the top walker weighs 1).  `sinks` (nullptr: none) join the merged rows; a
+ * `partial` row that no walker saw a key of writes only its lse (write_rows).
  */
 template <typename cfg, bool KV8, typename Addr>
 __device__ __forceinline__ void merge_walkers(const Addr &at, const cta_work &w, int ws, unsigned char *smem_raw,
-                                              const walker_thread<cfg> &me, const float *sinks)
+                                              const walker_thread<cfg> &me, const float *sinks, bool partial)
 {
     using shape = walker_shape<cfg, KV8>;
     constexpr int BLOCK_M = shape::BLOCK_M, HEAD_DIM = shape::HEAD_DIM, THREADS = shape::THREADS;
@@ -1605,9 +1650,10 @@ __device__ __forceinline__ void merge_walkers(const Addr &at, const cta_work &w,
             continue;
         }
         const float inv = top == -INFINITY ? 0.f : rcp_fast(total);
+        if (!partial || top != -INFINITY)
 #pragma unroll
-        for (int c = 0; c < VEC; c += ACC_COLS)
-            store_row(dst[k], col + c, acc + c, inv);
+            for (int c = 0; c < VEC; c += ACC_COLS)
+                store_row(dst[k], col + c, acc + c, inv);
         if (slot[k])
             *slot[k] = top == -INFINITY ? -INFINITY : (top + log2_fast(total)) * LN2;
     }
@@ -1642,6 +1688,17 @@ fwd_mma_kernel(const fmha_fwd_params p)
         p, (int64_t)blockIdx.x * cfg::walkers + walker);
     const walker_thread<cfg> me(walker, tid);
     const tile_addresses<T, shape::HEAD_DIM, SPLIT> at(p, w);
+    /* A split piece with no key block (its entry is shorter than the split grid, or the
+     * tile is past its rows) writes only its rows' lse, -inf: the combine reads no more
+     * of it (write_rows).  It loads no Q and fills no ring, so the empty pieces of a wide
+     * grid of device-sized chunks cost little.  Walkers that merge meet the CTA's barrier. */
+    if (SPLIT && w.n_count == 0 && !w.bad_len && p.walkers_per_split == 1) {
+        for (int r = me.tid; r < shape::BLOCK_M && w.row0 + r < w.rows; r += shape::THREADS) {
+            const fmha_qr ih = w.place(w.row0 + r);
+            *at.lse_slot(ih.q, ih.r) = -INFINITY;
+        }
+        return;
+    }
     const ring_t ring(p, w, at.template k<typename ring_t::KT>(), at.template v<typename ring_t::KT>(),
                       walker_smem, me.tid);
     ring.fill([&] {
@@ -1684,9 +1741,9 @@ fwd_mma_kernel(const fmha_fwd_params p)
     const bool merge = cfg::walkers > 1 && p.walkers_per_split > 1;
     /* Sinks join the finished rows; split partials never hold them (the combine folds them). */
     const float *sinks = MASK == MASK_WINDOW && !SPLIT ? p.sinks : nullptr;
-    write_rows(o, softmax, at, w, me, merge, walker_smem, sinks, ring.v_factor);
+    write_rows(o, softmax, at, w, me, merge, walker_smem, sinks, ring.v_factor, SPLIT);
     if (merge)
-        merge_walkers<cfg, KV8>(at, w, p.walkers_per_split, smem_raw, me, sinks);
+        merge_walkers<cfg, KV8>(at, w, p.walkers_per_split, smem_raw, me, sinks, SPLIT);
 }
 
 /* Dynamic shared memory of one CTA of the kernel above. */

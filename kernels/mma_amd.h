@@ -109,6 +109,22 @@ __device__ __forceinline__ int warp_uniform(int x) { return __builtin_amdgcn_rea
 /* Whether any lane of the wavefront has x. */
 __device__ __forceinline__ bool warp_any(bool x) { return __any(x); }
 
+/* The sum and the largest of x over the wavefront's lanes, in every lane. */
+__device__ __forceinline__ int64_t warp_sum(int64_t x)
+{
+    for (int d = WARP_LANES / 2; d > 0; d /= 2)
+        x += __shfl_xor(x, d);
+    return x;
+}
+__device__ __forceinline__ int64_t warp_max(int64_t x)
+{
+    for (int d = WARP_LANES / 2; d > 0; d /= 2) {
+        const int64_t y = __shfl_xor(x, d);
+        x = y > x ? y : x;
+    }
+    return x;
+}
+
 /* With synchronous copies a deeper K/V ring overlaps nothing and costs LDS (64 KB). */
 constexpr int ring_stages(int) { return 1; }
 

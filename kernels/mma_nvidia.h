@@ -55,6 +55,22 @@ __device__ __forceinline__ int warp_uniform(int x) { return __shfl_sync(0xffffff
 /* Whether any lane of the warp has x. */
 __device__ __forceinline__ bool warp_any(bool x) { return __any_sync(0xffffffffu, x); }
 
+/* The sum and the largest of x over the warp's lanes, in every lane. */
+__device__ __forceinline__ int64_t warp_sum(int64_t x)
+{
+    for (int d = WARP_LANES / 2; d > 0; d /= 2)
+        x += __shfl_xor_sync(0xffffffffu, x, d);
+    return x;
+}
+__device__ __forceinline__ int64_t warp_max(int64_t x)
+{
+    for (int d = WARP_LANES / 2; d > 0; d /= 2) {
+        const int64_t y = __shfl_xor_sync(0xffffffffu, x, d);
+        x = y > x ? y : x;
+    }
+    return x;
+}
+
 /* K/V shared-memory ring depth: the configured stages (cp.async overlaps them). */
 constexpr int ring_stages(int stages) { return stages; }
 

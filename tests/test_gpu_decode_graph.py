@@ -164,6 +164,62 @@ def test_captured_decode_step_replays_with_new_lengths(torch, head_dim, num_spli
         assert np.array_equal(as_f64(d["k"]), k_after) and np.array_equal(as_f64(d["v"]), v_after)
 
 
+def test_device_sized_chunks_follow_the_lengths(torch):
+    """(8,32,8,1,8192,128) with device lengths: the planner leaves the chunk to the
+    kernels (explain's split rule "device": they size it from the lengths they find),
+    and one captured step replays right whatever the spread: one long entry among
+    short ones (its keys go to every split), lengths spread out, zeros and full, all
+    full, and a bad entry (negative length), whose rows alone come out NaN."""
+    batch, capacity, heads_q, heads_kv = 8, 8192, 32, 8
+    d = _decode_problem(torch, 30300, batch=batch, capacity=capacity, heads_q=heads_q,
+                        heads_kv=heads_kv)
+    lens = torch.zeros(batch, dtype=torch.int32, device="cuda")
+    plan = fmha_native.explain(d["q"], d["k"], d["v"], cache_seqlens=lens, k_new=d["k_new"],
+                               v_new=d["v_new"])
+    assert plan["split"]["rule"] == "device" and plan["num_splits"] > 1, plan["reason"]
+    assert "the kernels size the chunks from the lengths they find" in plan["reason"]
+    out = torch.empty_like(d["q"])
+    lse = torch.empty((batch, heads_q, 1), dtype=torch.float32, device="cuda")
+
+    def step():
+        fmha_native.forward(d["q"], d["k"], d["v"], cache_seqlens=lens, k_new=d["k_new"],
+                            v_new=d["v_new"], out=out, lse=lse)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+
+    full = capacity - 1
+    schedule = [[full, 3, 100, 0, 250, 17, 64, 1],             # one long among short ones
+                [4000, 8000, 123, 5555, 2048, 7001, 999, 31],  # spread
+                [0, full, 0, full, 0, full, 0, full],
+                [full] * batch,
+                [full, 40, -1, 700, full, 0, 3000, 12]]         # entry 2 is bad
+    for i, new_lens in enumerate(schedule):
+        lens.copy_(torch.tensor(new_lens, dtype=torch.int32))
+        d["q"].copy_(_rand(torch, d["gen"], tuple(d["q"].shape)))
+        d["k_new"].copy_(_rand(torch, d["gen"], tuple(d["k_new"].shape)))
+        d["v_new"].copy_(_rand(torch, d["gen"], tuple(d["v_new"].shape)))
+        k_before, v_before = as_f64(d["k"]), as_f64(d["v"])
+        torch.cuda.synchronize()
+        graph.replay()
+        torch.cuda.synchronize()
+        good = [b for b, n in enumerate(new_lens) if n >= 0]
+        ref_out, ref_lse, _, _ = _expected(
+            {key: (val[good] if key in ("q", "k_new", "v_new") else val) for key, val in d.items()},
+            k_before[good], v_before[good], [new_lens[b] for b in good])
+        got_out, got_lse = as_f64(out), as_f64(lse)
+        assert_close(got_out[good], got_lse[good], ref_out, ref_lse, "f16",
+                     what=f"replay {i} lengths {new_lens}")
+        bad = [b for b in range(batch) if b not in good]
+        assert np.isnan(got_out[bad]).all() and np.isnan(got_lse[bad]).all(), f"replay {i}"
+
+
 @pytest.mark.parametrize("num_splits", [0, 1, 4])
 @pytest.mark.parametrize("seqlen_q", [1, 20])
 def test_bad_device_lengths_give_nan_rows_and_touch_nothing_outside(torch, seqlen_q, num_splits):

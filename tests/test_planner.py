@@ -510,52 +510,73 @@ def device_row(batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim):
                    seqlen_k=seqlen_k, head_dim=head_dim, device_lengths=1)
 
 
-def test_device_lengths_ragged_batch_gets_chunks():
+def test_device_lengths_ragged_batch_gets_device_chunks():
     """Issue 20's ragged row, (32,32,8,1,32768,128), lengths on the device.  By hand, with
     plan.c's model (decode tiles 16x32: 8 tiles per entry, 1024 key blocks each; 4 walkers
     per CTA, 1 CTA per SM on the described H100, 132 slots; a CTA costs 4 blocks, a split
-    piece 1 more for its partials; waves = ceil(CTAs / 132)):
-      full length, the heuristic's 1 split x 2 walkers: 256 x 2 / 4 = 128 CTAs, 1 wave x
-      (512 + 4) = 516; the slack allows 1.03 x 516 = 531.5.
-      3 splits x 2 walkers (chunks of 342): 384 CTAs, 3 waves x (171 + 4 + 1) = 528: allowed;
-      4 splits x 2 or 2 x 4 (512 CTAs, 4 x 133 = 532) and 6 x 2 (768 CTAs, 6 x 91) are not.
-      spread lengths (16 x 1024 = 16384 key blocks in all, the last chunk of each entry
-      half full): 3 x 2: 8 x (ceil(16384 / 342) + 16) = 512 pieces, 256 CTAs, 2 waves x 176,
-      plus the 128 empty CTAs' partials (1 wave x 1): 353, against 516 unsplit; 6 x 1
-      (chunks of 171): 896 pieces, 224 CTAs, 2 x 176 + 2 x 1 = 354; 4 x 1, 2 x 2: 522."""
+    piece 1 more for its partials, an empty split CTA 1 block per wave of them):
+      the length-aware plan at the capacity (the ragged rule on 32 x 1024 blocks) is 14
+      splits x 1 walker, chunks of ceil(1024 / 14) = 74: 8 x (443 + 16) = 3672 pieces,
+      918 CTAs, 7 waves x 79 = 553; the bound is 1.03 x 553 = 569.6.
+      Device chunks, 32 x 14 = 448 pieces per tile: at full length chunks of 74 again
+      (3584 pieces, 896 CTAs, 7 x 79) on a grid of 32 splits, 2048 CTAs, whose 1152 empty
+      ones cost 9 waves x 1: 562, allowed (64 splits: 3200 empty, 578, not).
+      spread (16384 blocks): chunks of max(1024 / 32, 16384 / 448) = 37, 3672 pieces, 918
+      CTAs, 7 x 42 + 9 = 303; skew (1024 + 31 x 64 = 3008 blocks): chunks of 32, 8 x (32 +
+      62) = 752 pieces, 188 CTAs, 2 x 37 + 15 = 89; 392 in all, against the fixed chunks'
+      320 + 86 = 406 and 16 splits' 349 + 77 = 426."""
     plan = plan_for(device_row(32, 32, 8, 1, 32768, 128), H100)
     assert plan["length_independent"] is True and plan["kv_cache"] is True
-    assert plan["kernel"] == "fwd_decode<bfloat16,d128,pack_gqa>+merge+combine", plan["kernel"]
-    assert (plan["num_splits"], plan["walkers_per_split"]) == (3, 2), plan["reason"]
-    assert plan["split"]["rule"] == "ragged" and plan["split"]["chunk"] == 342
-    assert plan["split"]["total_blocks"] == 0 and plan["split"]["key_blocks"] == 1024
-    assert plan["split"]["tiles"] == 8
-    assert "lengths not read on the host, up to 1024 key blocks: chunks of 342" in plan["reason"]
+    # one walker per split: no merge of walkers
+    assert plan["kernel"] == "fwd_decode<bfloat16,d128,pack_gqa>+combine", plan["kernel"]
+    assert (plan["num_splits"], plan["walkers_per_split"]) == (32, 1), plan["reason"]
+    split = plan["split"]
+    assert split["rule"] == "device", plan["reason"]
+    assert (split["pieces"], split["chunk"], split["min_chunk"]) == (448, 74, 16)
+    assert split["total_blocks"] == 0 and split["key_blocks"] == 1024 and split["tiles"] == 8
+    assert ("the kernels size the chunks from the lengths they find, about 448 pieces per tile"
+            in plan["reason"]), plan["reason"]
     assert "length-independent plan" in plan["reason"]
     # the same lengths on the host: the ragged rule on the real total, not this one
     host = plan_for(problem(batch=32, seqlen_k=32768, cache_seqlens=[100, 32768] * 16), H100)
     assert host["split"]["total_blocks"] > 0 and host["length_independent"] is False
+    assert host["split"]["rule"] == "ragged"
 
 
-@pytest.mark.parametrize("row,plan_want", [
+@pytest.mark.parametrize("row,plan_want,rule", [
     # batch 1: no spread to plan for; the heuristic's plans (see the split rule)
-    ((1, 32, 8, 1, 131072, 128), (16, 4)),
-    ((1, 16, 16, 1, 65535, 64), (8, 4)),
-    # one wave at full length (16 x 8 = 128 tiles of 4 walkers; 64 x 8 = 512 tiles of 1 in
-    # 128 CTAs): a chunked plan has no later wave to move work into, and its partials cost
-    # (2 x 2 chunks of 128 at 16 x 8192: 69 at full length, 70 spread, against 68)
-    ((16, 32, 8, 1, 8192, 128), (1, 4)),
-    ((64, 32, 8, 1, 4096, 128), (1, 1)),
+    ((1, 32, 8, 1, 131072, 128), (16, 4), "heuristic"),
+    ((1, 16, 16, 1, 65535, 64), (8, 4), "heuristic"),
+    # 16 x 8 tiles of 256 blocks: the length-aware plan at the capacity, 12 x 1 (chunks of
+    # 22: 8 x (187 + 8) = 1560 pieces, 390 CTAs, 3 waves x 27 = 81), models spread + skew
+    # at 56 + 30 = 86; device chunks on 16 splits at 65 + 25 = 90: fixed chunks
+    ((16, 32, 8, 1, 8192, 128), (12, 1), "ragged"),
+    # 64 x 8 tiles of 128 blocks: the length-aware plan is 2 x 2 (chunks of 64 in pairs:
+    # 512 CTAs, 4 waves x 37 = 148 at full length); device chunks of 128 pieces per tile
+    # on 4 splits: 512 more empty CTAs, 152 (bound 152.4), and 108 + 69 = 177
+    # spread + skew against 112 + 76 = 188; 8 splits model 160 at full length
+    ((64, 32, 8, 1, 4096, 128), (4, 2), "device"),
 ])
-def test_device_lengths_keep_the_decode_rows_plans(row, plan_want):
-    """The decode rows of benchmarks/bench.py with device lengths plan as at full length."""
+def test_device_lengths_decode_rows_plans(row, plan_want, rule):
+    """The decode rows of benchmarks/bench.py with device lengths.  Where they are
+    chunked, at full length the chunks are those of the length-aware plan at the capacity
+    (cache_seqlens on the host, all at the capacity)."""
     plan = plan_for(device_row(*row), H100)
     assert (plan["num_splits"], plan["walkers_per_split"]) == plan_want, plan["reason"]
-    assert plan["split"]["rule"] == "heuristic", plan["reason"]
-    dense = plan_for(problem(batch=row[0], heads_q=row[1], heads_kv=row[2], seqlen_q=row[3],
-                             seqlen_k=row[4], head_dim=row[5]), H100)
-    assert (dense["num_splits"], dense["walkers_per_split"]) == plan_want
-    assert dense["kernel"] == plan["kernel"]
+    assert plan["split"]["rule"] == rule, plan["reason"]
+    batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim = row
+    shape = dict(batch=batch, heads_q=heads_q, heads_kv=heads_kv, seqlen_q=seqlen_q,
+                 seqlen_k=seqlen_k, head_dim=head_dim)
+    if rule == "heuristic":
+        dense = plan_for(problem(**shape), H100)
+        assert (dense["num_splits"], dense["walkers_per_split"]) == plan_want
+        assert dense["kernel"] == plan["kernel"]
+        return
+    at_capacity = plan_for(problem(cache_seqlens=[seqlen_k] * batch, **shape), H100)
+    assert at_capacity["split"]["rule"] == "ragged"
+    assert at_capacity["split"]["chunk"] == plan["split"]["chunk"]
+    assert at_capacity["walkers_per_split"] == plan["walkers_per_split"]
+    assert at_capacity["num_splits"] <= plan["num_splits"]
 
 
 def test_device_lengths_chunks_only_for_the_heuristic():
