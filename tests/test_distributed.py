@@ -601,7 +601,10 @@ def test_ring_partials_float32_or_rounded_once(monkeypatch, wide):
     asked.clear()
     out32, lse32 = run(True)
     assert not asked and out32.dtype == torch.float32
-    assert_close(_f64(out32), _f64(lse32), ref_out, ref_lse, "f32")
+    # CPU tensors run on a visible GPU when its gate admits them; its tiles round P to
+    # bfloat16, so the float32 bound holds only where the CPU ran them.
+    on_gpu = fmha_native.explain(q, kk, vv)["backend"] == "gpu"
+    assert_close(_f64(out32), _f64(lse32), ref_out, ref_lse, "bf16" if on_gpu else "f32")
     if wide:  # the same float32 partials: the 16-bit result is the float32 one rounded
         assert torch.equal(out32.bfloat16(), out)
 
