@@ -67,11 +67,8 @@ def main():
             q4.transpose(1, 2), kc.transpose(1, 2), vc.transpose(1, 2), enable_gqa=True),
     }
     for name, step in graphs.items():
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            step()  # warm-up outside the capture (first-call attributes, workspaces)
-        torch.cuda.current_stream().wait_stream(side)
+        step()  # warm-up outside the capture (first-call attributes, workspaces)
+        torch.cuda.synchronize()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             step()

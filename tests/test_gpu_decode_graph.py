@@ -120,6 +120,33 @@ def _expected(d, k_before, v_before, lens, q=None):
     return ref_out, ref_lse, k_after, v_after
 
 
+def _capture(torch, step):
+    """A CUDA graph of step(), warmed up once outside the capture."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()  # warm-up outside the capture (first-call attributes, workspaces)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    return graph
+
+
+def _replay(torch, d, graph, lens, new_lens):
+    """New lengths, queries and appended tokens written on the device into the captured
+    tensors, then one replay; returns the caches as they were before it."""
+    lens.copy_(torch.tensor(new_lens, dtype=torch.int32))
+    d["q"].copy_(_rand(torch, d["gen"], tuple(d["q"].shape)))
+    d["k_new"].copy_(_rand(torch, d["gen"], tuple(d["k_new"].shape)))
+    d["v_new"].copy_(_rand(torch, d["gen"], tuple(d["v_new"].shape)))
+    k_before, v_before = as_f64(d["k"]), as_f64(d["v"])
+    torch.cuda.synchronize()
+    graph.replay()
+    torch.cuda.synchronize()
+    return k_before, v_before
+
+
 @pytest.mark.parametrize("num_splits", [0, 1, 3])
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_captured_decode_step_replays_with_new_lengths(torch, head_dim, num_splits):
@@ -136,28 +163,13 @@ def test_captured_decode_step_replays_with_new_lengths(torch, head_dim, num_spli
         fmha_native.forward(d["q"], d["k"], d["v"], cache_seqlens=lens, k_new=d["k_new"],
                             v_new=d["v_new"], out=out, lse=lse, num_splits=num_splits)
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        step()  # warm-up outside the capture
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
+    graph = _capture(torch, step)
 
     full = capacity - 1
     schedule = [[0, 5, full, 137], [full, 0, 64, 1], [299 // 2, full, 0, 0], [full] * batch,
                 [0] * batch]
     for i, new_lens in enumerate(schedule):
-        # New inputs written on the device, into the captured tensors.
-        lens.copy_(torch.tensor(new_lens, dtype=torch.int32))
-        d["q"].copy_(_rand(torch, d["gen"], tuple(d["q"].shape)))
-        d["k_new"].copy_(_rand(torch, d["gen"], tuple(d["k_new"].shape)))
-        d["v_new"].copy_(_rand(torch, d["gen"], tuple(d["v_new"].shape)))
-        k_before, v_before = as_f64(d["k"]), as_f64(d["v"])
-        torch.cuda.synchronize()
-        graph.replay()
-        torch.cuda.synchronize()
+        k_before, v_before = _replay(torch, d, graph, lens, new_lens)
         ref_out, ref_lse, k_after, v_after = _expected(d, k_before, v_before, new_lens)
         assert_close(as_f64(out), as_f64(lse), ref_out, ref_lse, "f16",
                      what=f"replay {i} lengths {new_lens}")
@@ -185,14 +197,7 @@ def test_device_sized_chunks_follow_the_lengths(torch):
         fmha_native.forward(d["q"], d["k"], d["v"], cache_seqlens=lens, k_new=d["k_new"],
                             v_new=d["v_new"], out=out, lse=lse)
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
+    graph = _capture(torch, step)
 
     full = capacity - 1
     schedule = [[full, 3, 100, 0, 250, 17, 64, 1],             # one long among short ones
@@ -201,14 +206,7 @@ def test_device_sized_chunks_follow_the_lengths(torch):
                 [full] * batch,
                 [full, 40, -1, 700, full, 0, 3000, 12]]         # entry 2 is bad
     for i, new_lens in enumerate(schedule):
-        lens.copy_(torch.tensor(new_lens, dtype=torch.int32))
-        d["q"].copy_(_rand(torch, d["gen"], tuple(d["q"].shape)))
-        d["k_new"].copy_(_rand(torch, d["gen"], tuple(d["k_new"].shape)))
-        d["v_new"].copy_(_rand(torch, d["gen"], tuple(d["v_new"].shape)))
-        k_before, v_before = as_f64(d["k"]), as_f64(d["v"])
-        torch.cuda.synchronize()
-        graph.replay()
-        torch.cuda.synchronize()
+        k_before, v_before = _replay(torch, d, graph, lens, new_lens)
         good = [b for b, n in enumerate(new_lens) if n >= 0]
         ref_out, ref_lse, _, _ = _expected(
             {key: (val[good] if key in ("q", "k_new", "v_new") else val) for key, val in d.items()},
