@@ -416,7 +416,7 @@ static void sm90_not_used(const fmha_fwd_params *p, const fmha_plan *plan, const
 static void plan_reason(const fmha_fwd_params *p, const fmha_plan *plan, const fmha_target *t,
                         char *buf, size_t len)
 {
-    char why[320], not_sm90[224];
+    char why[512], not_sm90[224];
     if (!plan->supported) {
         requirements(plan, t, buf, len);
         return;
