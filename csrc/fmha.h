@@ -207,7 +207,6 @@ typedef struct fmha_fwd_params {
     int64_t device_pieces;  /* GPU, lengths on the device: > 0 sizes the splits' chunk on the device
                                from the lengths it finds (fmha_device_chunk; split_blocks unused),
                                about this many pieces per tile over the batch; 0 = off */
-    int device_min_chunk;   /* ... and never fewer key blocks per split than this */
     int walkers_per_split;  /* GPU: walkers (fmha_config.h: groups of a CTA's warps, each with
                                its own Q tile and K/V ring) that share one split's key blocks,
                                block j of the split going to walker j % walkers_per_split, and
@@ -242,17 +241,17 @@ typedef struct fmha_fwd_params {
  * Key blocks per split of a plan that sizes them on the device (device_pieces > 0),
  * from the batch's `longest` entry and the `total` of its entries' key blocks (both
  * as the kernels count them: 0 for an entry whose lengths are bad): about `pieces`
- * pieces per tile in all, at least `min_chunk` blocks each, and never more than
+ * pieces per tile in all, at least FMHA_DEVICE_CHUNK_MIN_BLOCKS each, and never more than
  * `splits` (num_splits) pieces for one entry.  The planner models its plans with
  * the same function.
  */
 FMHA_HOST_DEVICE static inline int64_t fmha_device_chunk(int64_t longest, int64_t total, int64_t splits,
-                                                         int64_t pieces, int64_t min_chunk)
+                                                         int64_t pieces)
 {
     const int64_t fit = (longest + splits - 1) / splits;
     int64_t chunk = (total + pieces - 1) / pieces;
     chunk = chunk > fit ? chunk : fit;
-    chunk = chunk > min_chunk ? chunk : min_chunk;
+    chunk = chunk > FMHA_DEVICE_CHUNK_MIN_BLOCKS ? chunk : FMHA_DEVICE_CHUNK_MIN_BLOCKS;
     return chunk > 0 ? chunk : 1;
 }
 
@@ -391,7 +390,7 @@ typedef struct fmha_split_why {
     int64_t total_blocks;   /* RAGGED: key blocks of the whole batch */
     int64_t chunk;          /* RAGGED: key blocks per split; DEVICE: at full length */
     int64_t pieces;         /* DEVICE: device_pieces */
-    int min_chunk;          /* DEVICE: device_min_chunk */
+    int min_chunk;          /* DEVICE: FMHA_DEVICE_CHUNK_MIN_BLOCKS */
 } fmha_split_why;
 
 /*
@@ -409,7 +408,6 @@ typedef struct fmha_plan {
     int pack_gqa;
     int split_blocks;       /* see fmha_fwd_params.split_blocks */
     int64_t device_pieces;  /* see fmha_fwd_params.device_pieces */
-    int device_min_chunk;   /* see fmha_fwd_params.device_min_chunk */
     int walkers_per_split;  /* see fmha_fwd_params.walkers_per_split */
     int kv_read_once;       /* see fmha_fwd_params.kv_read_once */
     int schedule;           /* see fmha_fwd_params.schedule */

@@ -260,7 +260,7 @@ static int64_t unseen_chunk(const unseen_plan *u, int64_t key_blocks, int64_t lo
 {
     if (!u->pieces)
         return ceil_div(key_blocks, u->splits);
-    return fmha_device_chunk(longest, total, u->splits, u->pieces, FMHA_DEVICE_CHUNK_MIN_BLOCKS);
+    return fmha_device_chunk(longest, total, u->splits, u->pieces);
 }
 
 /* Modelled times of plan u (full: the equal tiles of the whole batch) at full length,
@@ -341,7 +341,6 @@ static void plan_unseen_lengths(const split_work *full, const machine *m, fmha_p
     why->busy = 0.0;
     plan->split_blocks = !best.pieces && best.splits > 1 ? (int)why->chunk : 0;
     plan->device_pieces = best.pieces;
-    plan->device_min_chunk = why->min_chunk;
 }
 
 /* Key blocks' worth of time a split CTA spends on its fp32 partials (written,
@@ -667,7 +666,6 @@ static void plan_kernel(const fmha_fwd_params *p, const fmha_target *t, int kern
     plan->num_splits = 1;
     plan->split_blocks = 0;
     plan->device_pieces = 0;
-    plan->device_min_chunk = 0;
     plan->walkers_per_split = 1;
     plan->kv_read_once = 0;
     plan->schedule = kernel == FMHA_KERNEL_GPU_SM90 ? sm90_schedule(p, tiles.block_n) : 0;
@@ -717,7 +715,6 @@ static void plan_kernel(const fmha_fwd_params *p, const fmha_target *t, int kern
         plan->walkers_per_split = 1;
         plan->split_blocks = 0;
         plan->device_pieces = 0;
-        plan->device_min_chunk = 0;
         plan->split.rule = FMHA_SPLITS_HEURISTIC;
         plan->split.chunk = 0;
         plan->split.waves = ceil_div(n_tiles, machine_slots(&gpu));
@@ -796,7 +793,6 @@ void fmha_plan_apply(const fmha_plan *plan, fmha_fwd_params *p)
 {
     p->split_blocks = plan->split_blocks;
     p->device_pieces = plan->device_pieces;
-    p->device_min_chunk = plan->device_min_chunk;
     p->walkers_per_split = plan->walkers_per_split > 0 ? plan->walkers_per_split : 1;
     p->kv_read_once = plan->kv_read_once;
     p->schedule = plan->schedule;

@@ -501,7 +501,7 @@ template <int BLOCK_N> __device__ __forceinline__ int64_t device_chunk(const fmh
         total += n;
         longest = n > longest ? n : longest;
     }
-    return fmha_device_chunk(warp_max(longest), warp_sum(total), p.num_splits, p.device_pieces, p.device_min_chunk);
+    return fmha_device_chunk(warp_max(longest), warp_sum(total), p.num_splits, p.device_pieces);
 }
 
 template <int BLOCK_M, int BLOCK_N, int MASK, int WALKERS>
