@@ -290,9 +290,8 @@ static void split_text(const fmha_plan *plan, char *buf, size_t len)
             /* lengths on the device (plan.c: plan_unseen_lengths) */
             snprintf(buf, len, "lengths not read on the host, up to %lld key blocks: chunks of %lld "
                      "key blocks on %d walker%s, up to %d per entry, so short entries leave the "
-                     "SMs to long ones (the plan the lengths would get at the capacity)",
-                     (long long)w->key_blocks,
-                     (long long)w->chunk, ws, plural(ws), s);
+                     "SMs to long ones (the plan host lengths would get at the capacity)",
+                     (long long)w->key_blocks, (long long)w->chunk, ws, plural(ws), s);
             return;
         }
         snprintf(buf, len, "ragged batch, %lld key blocks in all, longest %lld: chunks of %lld key "
@@ -304,9 +303,10 @@ static void split_text(const fmha_plan *plan, char *buf, size_t len)
         snprintf(buf, len, "lengths not read on the host, up to %lld key blocks: the kernels size "
                  "the chunks from the lengths they find, about %lld pieces per tile over the batch "
                  "of at least %d key blocks (%lld at full length), on %d walker%s, up to %d per "
-                 "entry, so short entries leave the SMs to long ones (at the capacity, the plan the "
-                 "lengths would get there, and modelled within 3%% of it)", (long long)w->key_blocks, (long long)w->pieces, w->min_chunk,
-                 (long long)w->chunk, ws, plural(ws), s);
+                 "entry, so short entries leave the SMs to long ones (at the capacity, the chunks "
+                 "host lengths would get; the grid models within 3%% of that plan)",
+                 (long long)w->key_blocks, (long long)w->pieces, w->min_chunk, (long long)w->chunk, ws,
+                 plural(ws), s);
         return;
     case FMHA_SPLITS_HEURISTIC:
         snprintf(walkers, sizeof walkers, ", %d walker%s each", ws, plural(ws));
