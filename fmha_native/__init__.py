@@ -391,8 +391,8 @@ def forward(q, k, v, **kw):
     are merged later (combine, context parallelism) are not rounded to 16 bits first.
     An ``out`` given in float32 means the same; out and out_dtype, both given, must agree.
 
-    FP8 KV cache (the CPU backend runs it; the GPU kernels do not have it yet, as
-    above): k and v (dense, packed or paged, both alike) in float8 e4m3fn -- torch
+    FP8 KV cache (both backends; the GPU tiles widen the codes as they read them):
+    k and v (dense, packed or paged, both alike) in float8 e4m3fn -- torch
     ``float8_e4m3fn`` tensors, ``ml_dtypes.float8_e4m3fn`` NumPy arrays, or, for a
     producer that cannot export fp8 (DLPack without the float8 codes), uint8 arrays of
     the codes with ``kv_dtype="e4m3fn"``.  q, out, k_new and v_new keep float16/bfloat16
