@@ -6,7 +6,8 @@ go through DLPack, NumPy arrays through the buffer protocol, and explain()
 runs everything up to the plan without running a kernel.  forward() here runs
 the CPU backend on a problem so small (one query row, a handful of keys) that
 the arithmetic is negligible, so what remains is call overhead plus the CPU
-backend's dispatch.
+backend's dispatch.  The last rows plan GPU decodes for a described H100 through
+the planner tests' hook (plan plus its dict and reason text, no launch).
 
     python benchmarks/host_overhead_cpu.py [--calls N] [--repeats R] [--device cuda]
 
@@ -114,6 +115,26 @@ def torch_rows(device="cpu"):
     ]
 
 
+# The GPU planner on a described H100 (the private hook the planner tests use): the
+# split search is on the host path of every GPU call and grows with the keys.
+H100 = dict(name="NVIDIA H100 80GB HBM3", arch="sm_90", cc=(9, 0), sm_count=132,
+            l2_bytes=50 << 20, max_smem_per_block=227 << 10, max_smem_per_sm=228 << 10)
+
+
+def planner_rows():
+    import _fmha_native
+
+    def decode(batch, seqlen_k, **kw):
+        return dict(batch=batch, seqlen_q=1, seqlen_k=seqlen_k, heads_q=32, heads_kv=8,
+                    head_dim=128, dtype="bfloat16", causal=0, **kw)
+
+    rows = [("(1,32,8,1,4096,128)", decode(1, 4096)),
+            ("(1,32,8,1,131072,128)", decode(1, 131072)),
+            ("(32,32,8,1,32768,128) dev lens", decode(32, 32768, device_lengths=1))]
+    return [(f"GPU plan (hook) {name}", lambda p=p: _fmha_native._plan_for_device(p, H100))
+            for name, p in rows]
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--calls", type=int, default=3000)
@@ -126,7 +147,7 @@ def main():
           f"{torch.__version__ if torch is not None else 'absent'}, numpy {np.__version__}; "
           f"q [{BATCH},{SEQLEN_Q},{HEADS_Q},{HEAD_DIM}], k/v [{BATCH},{SEQLEN_K},{HEADS_KV},"
           f"{HEAD_DIM}]")
-    for name, fn in numpy_rows() + torch_rows(args.device):
+    for name, fn in numpy_rows() + torch_rows(args.device) + planner_rows():
         print(f"{name:44s} {per_call_us(fn, args.calls, args.repeats):8.2f} us/call")
     if torch is not None:
         print(f"torch.Tensor.__dlpack__ calls per forward(out=, lse=) on {args.device}: "

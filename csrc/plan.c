@@ -147,7 +147,7 @@ static double split_cost(const split_work *w, const machine *m, int64_t s, int w
     return s > 1 ? cost / w->split_gain : cost;
 }
 
-static int split_search(const split_work *w, const machine *m, int *walkers_out)
+static int split_search_all(const split_work *w, const machine *m, int *walkers_out)
 {
     int64_t limit = w->key_blocks < FMHA_MAX_HEURISTIC_SPLITS ? w->key_blocks
                                                               : FMHA_MAX_HEURISTIC_SPLITS;
@@ -166,6 +166,46 @@ static int split_search(const split_work *w, const machine *m, int *walkers_out)
         }
     *walkers_out = best_ws;
     return best;
+}
+
+/*
+ * split_search_all runs on the host path of every call: for long keys hundreds of
+ * model evaluations (each s up to 128, for each walker count), and a decode loop
+ * asks the same question at every step.  The last few answers are kept, per thread
+ * (the search is a function of w and m alone).
+ */
+#define SPLIT_MEMO_ENTRIES 4
+typedef struct split_memo {
+    split_work w;
+    machine m;
+    int splits, ws, valid;
+} split_memo;
+
+static int same_question(const split_memo *e, const split_work *w, const machine *m)
+{
+    return e->valid && e->w.tiles == w->tiles && e->w.key_blocks == w->key_blocks &&
+           e->w.total_blocks == w->total_blocks && e->w.batch == w->batch && e->w.partial == w->partial &&
+           e->w.walkers == w->walkers && e->w.split_gain == w->split_gain && e->m.units == m->units &&
+           e->m.per_unit == m->per_unit && e->m.share_cost == m->share_cost && e->m.split_tie == m->split_tie;
+}
+
+static int split_search(const split_work *w, const machine *m, int *walkers_out)
+{
+    static _Thread_local split_memo memo[SPLIT_MEMO_ENTRIES];
+    static _Thread_local int next;
+    for (int i = 0; i < SPLIT_MEMO_ENTRIES; i++)
+        if (same_question(&memo[i], w, m)) {
+            *walkers_out = memo[i].ws;
+            return memo[i].splits;
+        }
+    split_memo *e = &memo[next];
+    next = (next + 1) % SPLIT_MEMO_ENTRIES;
+    e->splits = split_search_all(w, m, &e->ws);
+    e->w = *w;
+    e->m = *m;
+    e->valid = 1;
+    *walkers_out = e->ws;
+    return e->splits;
 }
 
 /*
