@@ -254,15 +254,20 @@ static void plan_splits(int requested, split_work *w, const machine *m, fmha_pla
  * the capacity to a spread of long and short ones.  A plan made for all at the
  * capacity ends unevenly on spread lengths: the SMs of short entries idle while
  * the longest finish.  Both kinds of plan cut every entry into chunks so that
- * each gets as many non-empty splits as its length needs (the CTAs of splits
- * past an entry's length walk no key block and only write empty partials,
- * lse = -inf, which the combine skips):
+ * each gets as many non-empty splits as its length needs:
  *   fixed chunks   split_blocks key blocks, the length-aware plan's at the capacity;
+ *                  the grid has every split of every entry, and the CTAs of splits
+ *                  past an entry's length walk no key block and only write empty
+ *                  partials (lse = -inf, which the combine skips);
  *   device chunks  sized by the kernels from the lengths they find
  *                  (fmha_device_chunk: about `pieces` pieces per tile, at least
  *                  FMHA_DEVICE_CHUNK_MIN_BLOCKS blocks, at most num_splits per
  *                  entry), so that a batch of short entries, or one long entry
- *                  among short ones, still spreads over every SM.
+ *                  among short ones, still spreads over every SM; the grid is
+ *                  compact (fmha_device_grid_pieces: pieces + batch per tile at
+ *                  most, the entries' pieces back to back), its pieces past the
+ *                  lengths' idle, and each entry's last piece marks its unused
+ *                  splits empty.
  * Plans are modelled on three cases of the same model: `full`, every entry at
  * the capacity; `spread`, lengths spread evenly over [0, capacity]; `skew`,
  * one entry at the capacity and the others at 1/FMHA_UNSEEN_SKEW of it.
@@ -273,8 +278,8 @@ static void plan_splits(int requested, split_work *w, const machine *m, fmha_pla
 #define FMHA_UNSEEN_LENGTHS_SLACK 1.03
 
 /* Modelled time of `pieces` (tile, split) pieces of at most `chunk` key blocks, ws
- * walkers each, on a grid of `launched` pieces: the others are empty, and in a split
- * plan each writes its empty partials. */
+ * walkers each, on a grid of `launched` pieces: the others are empty or idle, each
+ * costing about its partials in a split plan. */
 static double pieces_time(const split_work *w, const machine *m, int64_t pieces, int64_t launched,
                           int64_t chunk, int ws, int split)
 {
@@ -303,6 +308,15 @@ static int64_t unseen_chunk(const unseen_plan *u, int64_t key_blocks, int64_t lo
     return fmha_device_chunk(longest, total, u->splits, u->pieces);
 }
 
+/* The (tile, split) slots of plan u on the tiles of full, every split of every entry.
+ * Each costs about its partials whether a piece fills it or not: an empty piece writes
+ * its lse, and with device chunks (a compact grid of fewer pieces) the entry's last
+ * piece marks it empty and the combine reads it. */
+static int64_t unseen_launched(const split_work *full, const unseen_plan *u)
+{
+    return full->tiles * u->splits;
+}
+
 /* Modelled times of plan u (full: the equal tiles of the whole batch) at full length,
  * and on spread + skewed lengths. */
 static double unseen_full(const split_work *full, const machine *m, const unseen_plan *u)
@@ -310,12 +324,12 @@ static double unseen_full(const split_work *full, const machine *m, const unseen
     const int64_t K = full->key_blocks, B = full->batch;
     const int64_t chunk = unseen_chunk(u, K, K, B * K);
     const int64_t per_tile = ceil_div(K, chunk) < u->splits ? ceil_div(K, chunk) : u->splits;
-    return pieces_time(full, m, full->tiles * per_tile, full->tiles * u->splits, chunk, u->ws, u->splits > 1);
+    return pieces_time(full, m, full->tiles * per_tile, unseen_launched(full, u), chunk, u->ws, u->splits > 1);
 }
 static double unseen_spread_skew(const split_work *full, const machine *m, const unseen_plan *u)
 {
     const int64_t K = full->key_blocks, B = full->batch, tiles = full->tiles / B;
-    const int64_t launched = full->tiles * u->splits, short_len = ceil_div(K, FMHA_UNSEEN_SKEW);
+    const int64_t launched = unseen_launched(full, u), short_len = ceil_div(K, FMHA_UNSEEN_SKEW);
     /* spread: half the capacity's blocks in all, the last chunk of each entry half full */
     const int64_t spread_total = B * K / 2 > 0 ? B * K / 2 : 1;
     const int64_t c1 = unseen_chunk(u, K, K, spread_total);

@@ -389,6 +389,8 @@ struct cta_work {
     int64_t kv_start; /* their row of key 0: cu_seqlens_k[b] (clamped), or 0 */
     bool bad_len;     /* device lengths that fmha.h's clamp rules reject: rows come out NaN */
     int split;        /* which split of the key blocks */
+    int unused_from;  /* compact grid (find_piece): the entry's piece count when this walker
+                         marks the split slots past it empty (its last piece, sub 0), else 0 */
     int n_first, n_step, n_count; /* this walker's key blocks: n_first + j * n_step, j < n_count */
 
     bool packed;      /* rows interleave the query heads of kv head `slot` */
@@ -487,21 +489,68 @@ __device__ __forceinline__ entry_geometry entry_of(const fmha_fwd_params &p, int
     return e;
 }
 
-/*
- * Key blocks per split when the plan sizes them on the device (p.device_pieces > 0,
- * lengths the host never read): the batch's longest entry and the sum of its entries'
- * blocks, gathered by each warp over every entry, into fmha_device_chunk.  Every lane
- * of the warp must call it (uniform: it depends on p only).
- */
-template <int BLOCK_N> __device__ __forceinline__ int64_t device_chunk(const fmha_fwd_params &p)
+/* Key blocks of entry b (0 past the batch). */
+template <int BLOCK_N> __device__ __forceinline__ int64_t entry_blocks(const fmha_fwd_params &p, int64_t b)
 {
-    int64_t total = 0, longest = 0;
-    for (int64_t b = (int64_t)threadIdx.x % WARP_LANES; b < p.batch; b += WARP_LANES) {
-        const int64_t n = (entry_of(p, b).len_k + BLOCK_N - 1) / BLOCK_N;
+    return b < p.batch ? (entry_of(p, b).len_k + BLOCK_N - 1) / BLOCK_N : 0;
+}
+
+/*
+ * A plan of device-sized chunks (p.device_pieces > 0, lengths the host never read):
+ * the chunk comes from the batch's longest entry and the sum of its entries' key blocks
+ * (fmha_device_chunk), and the grid is compact: per (row block, head), entry b's
+ * pieces (fmha_device_entry_pieces) follow entry b - 1's, so piece q is split q -
+ * first_b of the entry b with first_b <= q < first_b + pieces_b.  Each warp gathers
+ * the lengths and finds its entry with a prefix sum, WARP_LANES entries at a time
+ * (the first 2 * WARP_LANES lengths are read once, together); a q past every
+ * entry's pieces (the grid is sized for the most there can be,
+ * fmha_device_grid_pieces) idles: b = -1.  Every lane of the warp must call it
+ * (uniform: it depends on p and q only).
+ */
+struct device_piece {
+    int64_t chunk, b;
+    int split, count; /* split of entry b, and the entry's pieces */
+};
+template <int BLOCK_N>
+__device__ __forceinline__ device_piece find_piece(const fmha_fwd_params &p, int64_t q)
+{
+    constexpr int KEPT = 2; /* rounds of lengths kept in registers (loaded together) */
+    const int lane = (int)(threadIdx.x % WARP_LANES);
+    int64_t kept[KEPT], total = 0, longest = 0;
+#pragma unroll
+    for (int k = 0; k < KEPT; k++) {
+        kept[k] = entry_blocks<BLOCK_N>(p, lane + k * WARP_LANES);
+        total += kept[k];
+        longest = kept[k] > longest ? kept[k] : longest;
+    }
+    for (int64_t b = lane + KEPT * WARP_LANES; b < p.batch; b += WARP_LANES) {
+        const int64_t n = entry_blocks<BLOCK_N>(p, b);
         total += n;
         longest = n > longest ? n : longest;
     }
-    return fmha_device_chunk(warp_max(longest), warp_sum(total), p.num_splits, p.device_pieces);
+    device_piece found{fmha_device_chunk(warp_max(longest), warp_sum(total), p.num_splits, p.device_pieces),
+                       -1, 0, 0};
+    int64_t before = 0; /* pieces of the entries before this round's */
+    for (int round = 0; (int64_t)round * WARP_LANES < p.batch; round++) {
+        const int64_t b = (int64_t)round * WARP_LANES + lane;
+        int64_t blocks = round >= KEPT ? entry_blocks<BLOCK_N>(p, b) : 0;
+#pragma unroll
+        for (int k = 0; k < KEPT; k++)
+            blocks = round == k ? kept[k] : blocks; /* selects: no local-memory array */
+        /* fmha_device_entry_pieces, with the 32-bit division where it fits */
+        const int64_t n = fmha_divide(blocks + found.chunk - 1, found.chunk).q;
+        const int count = b >= p.batch ? 0 : n > 1 ? (int)n : 1;
+        const int end = warp_prefix_sum(count), here = warp_read(end, WARP_LANES - 1);
+        if (q < before + here) {
+            const int at = warp_first(q < before + end);
+            found.b = (int64_t)round * WARP_LANES + at;
+            found.count = warp_read(count, at);
+            found.split = (int)(q - before - warp_read(end, at)) + found.count;
+            return found;
+        }
+        before += here;
+    }
+    return found;
 }
 
 template <int BLOCK_M, int BLOCK_N, int MASK, int WALKERS>
@@ -527,9 +576,21 @@ __device__ __forceinline__ cta_work make_work(const fmha_fwd_params &p, int64_t 
     const int64_t m_block = late_first ? m_blocks - 1 - d.r : d.r;
     d = fmha_divide(d.q, slots);
     w.slot = d.r;
-    d = fmha_divide(d.q, p.num_splits);
-    w.split = (int)d.r;
-    w.b = d.q;
+    /* Then the (entry, split) pieces: all num_splits of each entry, or with device-sized
+     * chunks only the ones the entry's length needs (find_piece). */
+    int64_t chunk = 0;
+    w.unused_from = 0;
+    if (p.device_pieces > 0) {
+        const device_piece piece = find_piece<BLOCK_N>(p, d.q);
+        chunk = piece.chunk;
+        w.b = piece.b < 0 ? p.batch : piece.b;
+        w.split = piece.split;
+        w.unused_from = sub == 0 && piece.split == piece.count - 1 && piece.count < p.num_splits ? piece.count : 0;
+    } else {
+        d = fmha_divide(d.q, p.num_splits);
+        w.split = (int)d.r;
+        w.b = d.q;
+    }
     const bool active = w.b < p.batch;
     if (!active)
         w.b = 0;
@@ -559,7 +620,7 @@ __device__ __forceinline__ cta_work make_work(const fmha_fwd_params &p, int64_t 
         base = seen.first;
         n_blocks = seen.end - seen.first;
     }
-    int64_t per_split = p.device_pieces > 0   ? device_chunk<BLOCK_N>(p)
+    int64_t per_split = p.device_pieces > 0   ? chunk
                         : p.split_blocks > 0 ? p.split_blocks
                                              : fmha_divide(n_blocks + p.num_splits - 1, p.num_splits).q;
     if constexpr (MASK == MASK_WINDOW) {
@@ -1068,10 +1129,11 @@ template <typename T, int HEAD_DIM, bool SPLIT> struct tile_addresses {
     }
     /* The split scratch (fmha.h) is [num_splits, batch, seqlen_q, ...], or with packed
      * sequences [num_splits, 1, total_q, ...]: its (split, batch) index and rows per batch. */
-    __device__ __forceinline__ int64_t scratch_batch() const
+    __device__ __forceinline__ int64_t scratch_batch(int split) const
     {
-        return (int64_t)w.split * (p.cu_seqlens_q ? 1 : p.batch) + w.q_batch;
+        return (int64_t)split * (p.cu_seqlens_q ? 1 : p.batch) + w.q_batch;
     }
+    __device__ __forceinline__ int64_t scratch_batch() const { return scratch_batch(w.split); }
     __device__ __forceinline__ int64_t scratch_rows() const { return p.cu_seqlens_q ? p.total_q : p.seqlen_q; }
     __device__ __forceinline__ out_t *o_row(int64_t i, int64_t h) const
     {
@@ -1081,10 +1143,15 @@ template <typename T, int HEAD_DIM, bool SPLIT> struct tile_addresses {
             return static_cast<T *>(p.out) + w.q_batch * p.o_batch_stride + (w.q_start + i) * p.o_row_stride +
                    h * p.o_head_stride;
     }
+    /* The split scratch's lse of (i, h) in another split of the entry. */
+    __device__ __forceinline__ float *split_lse_slot(int split, int64_t i, int64_t h) const
+    {
+        return p.lse_accum + (scratch_batch(split) * p.heads_q + h) * scratch_rows() + w.q_start + i;
+    }
     __device__ __forceinline__ float *lse_slot(int64_t i, int64_t h) const
     {
         if constexpr (SPLIT) {
-            return p.lse_accum + (scratch_batch() * p.heads_q + h) * scratch_rows() + w.q_start + i;
+            return split_lse_slot(w.split, i, h);
         } else {
             return p.lse ? p.lse + w.q_batch * p.lse_batch_stride + h * p.lse_head_stride +
                                (w.q_start + i) * p.lse_row_stride
@@ -1692,6 +1759,18 @@ fwd_mma_kernel(const fmha_fwd_params p)
      * tile is past its rows) writes only its rows' lse, -inf: the combine reads no more
      * of it (write_rows).  It loads no Q and fills no ring, so the empty pieces of a wide
      * grid of device-sized chunks cost little.  Walkers that merge meet the CTA's barrier. */
+    if (SPLIT && w.unused_from > 0) {
+        /* Compact grid (find_piece): no piece takes the entry's splits from unused_from on;
+         * its last piece gives them lse -inf, which the combine weighs at nothing. */
+        const int unused = p.num_splits - w.unused_from;
+        for (int x = me.tid; x < shape::BLOCK_M * unused; x += shape::THREADS) {
+            const int r = x % shape::BLOCK_M;
+            if (w.row0 + r < w.rows) {
+                const fmha_qr ih = w.place(w.row0 + r);
+                *at.split_lse_slot(w.unused_from + x / shape::BLOCK_M, ih.q, ih.r) = -INFINITY;
+            }
+        }
+    }
     if (SPLIT && w.n_count == 0 && !w.bad_len && p.walkers_per_split == 1) {
         for (int r = me.tid; r < shape::BLOCK_M && w.row0 + r < w.rows; r += shape::THREADS) {
             const fmha_qr ih = w.place(w.row0 + r);

@@ -124,6 +124,20 @@ __device__ __forceinline__ int64_t warp_max(int64_t x)
     }
     return x;
 }
+/* The sum of x over lanes 0 to this one (an inclusive prefix sum). */
+__device__ __forceinline__ int warp_prefix_sum(int x)
+{
+    const int lane = (int)(threadIdx.x % WARP_LANES);
+    for (int d = 1; d < WARP_LANES; d *= 2) {
+        const int y = __shfl_up(x, d);
+        x += lane >= d ? y : 0;
+    }
+    return x;
+}
+/* x of lane `from`, in every lane. */
+__device__ __forceinline__ int warp_read(int x, int from) { return __shfl(x, from); }
+/* The lowest lane whose x holds (-1: none). */
+__device__ __forceinline__ int warp_first(bool x) { return __ffsll((unsigned long long)__ballot(x)) - 1; }
 
 /* With synchronous copies a deeper K/V ring overlaps nothing and costs LDS (64 KB). */
 constexpr int ring_stages(int) { return 1; }

@@ -70,6 +70,20 @@ __device__ __forceinline__ int64_t warp_max(int64_t x)
     }
     return x;
 }
+/* The sum of x over lanes 0 to this one (an inclusive prefix sum). */
+__device__ __forceinline__ int warp_prefix_sum(int x)
+{
+    const int lane = (int)(threadIdx.x % WARP_LANES);
+    for (int d = 1; d < WARP_LANES; d *= 2) {
+        const int y = __shfl_up_sync(0xffffffffu, x, d);
+        x += lane >= d ? y : 0;
+    }
+    return x;
+}
+/* x of lane `from`, in every lane. */
+__device__ __forceinline__ int warp_read(int x, int from) { return __shfl_sync(0xffffffffu, x, from); }
+/* The lowest lane whose x holds (-1: none). */
+__device__ __forceinline__ int warp_first(bool x) { return __ffs(__ballot_sync(0xffffffffu, x)) - 1; }
 
 /* K/V shared-memory ring depth: the configured stages (cp.async overlaps them). */
 constexpr int ring_stages(int stages) { return stages; }

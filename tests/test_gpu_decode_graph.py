@@ -218,6 +218,47 @@ def test_device_sized_chunks_follow_the_lengths(torch):
         assert np.isnan(got_out[bad]).all() and np.isnan(got_lse[bad]).all(), f"replay {i}"
 
 
+@pytest.mark.parametrize("batch,heads_q,heads_kv,capacity,head_dim", [
+    (100, 8, 1, 8192, 64),    # walkers of a split merge (2 per split on an H100/H200)
+    (130, 8, 2, 4096, 128),   # the last entries found in the fifth round of 32
+])
+def test_device_sized_chunks_find_every_entry_of_a_large_batch(torch, batch, heads_q, heads_kv,
+                                                               capacity, head_dim):
+    """The compact grid of device-sized chunks: each piece finds its entry by a prefix
+    sum over the entries' piece counts, 32 entries per round (the first 64 lengths read
+    once).  A batch of over 64 entries, lengths 0 to full and one bad entry, against the
+    reference: entries past the rounds kept in registers are found, and each entry's
+    unused split slots are marked empty (else the combine would weigh stale partials)."""
+    d = _decode_problem(torch, 30400 + batch, batch=batch, capacity=capacity, heads_q=heads_q,
+                        heads_kv=heads_kv, head_dim=head_dim)
+    rng = np.random.default_rng(batch)
+    new_lens = rng.integers(0, capacity // 8, batch)
+    new_lens[::7] = 0
+    new_lens[3] = new_lens[batch - 2] = capacity - 1
+    new_lens[batch - 30] = -5  # bad: its rows alone are NaN
+    lens = torch.tensor(new_lens, dtype=torch.int32, device="cuda")
+    plan = fmha_native.explain(d["q"], d["k"], d["v"], cache_seqlens=lens, k_new=d["k_new"],
+                               v_new=d["v_new"])
+    if plan["split"]["rule"] != "device":
+        pytest.skip(f"this GPU's plan sizes no chunks on the device: {plan['reason']}")
+    # Stale partials from a full-length call first: unmarked split slots would show.
+    full = torch.full((batch,), capacity - 1, dtype=torch.int32, device="cuda")
+    fmha_native.forward(d["q"], d["k"].clone(), d["v"].clone(), cache_seqlens=full,
+                        k_new=d["k_new"], v_new=d["v_new"])
+    k_before, v_before = as_f64(d["k"]), as_f64(d["v"])
+    out, lse = fmha_native.forward(d["q"], d["k"], d["v"], cache_seqlens=lens, k_new=d["k_new"],
+                                   v_new=d["v_new"])
+    torch.cuda.synchronize()
+    good = [b for b in range(batch) if new_lens[b] >= 0]
+    ref_out, ref_lse, _, _ = _expected(
+        {key: (val[good] if key in ("q", "k_new", "v_new") else val) for key, val in d.items()},
+        k_before[good], v_before[good], new_lens[good])
+    got_out, got_lse = as_f64(out), as_f64(lse)
+    assert_close(got_out[good], got_lse[good], ref_out, ref_lse, "f16",
+                 what=f"{plan['num_splits']} splits, lengths {new_lens.tolist()}")
+    assert np.isnan(got_out[batch - 30]).all() and np.isnan(got_lse[batch - 30]).all()
+
+
 @pytest.mark.parametrize("num_splits", [0, 1, 4])
 @pytest.mark.parametrize("seqlen_q", [1, 20])
 def test_bad_device_lengths_give_nan_rows_and_touch_nothing_outside(torch, seqlen_q, num_splits):
