@@ -273,7 +273,7 @@ static void plan_splits(int requested, split_work *w, const machine *m, fmha_pla
  * one entry at the capacity and the others at 1/FMHA_UNSEEN_SKEW of it.
  * Issue 20 allows a length-independent plan 3% over a length-aware one: at full
  * length a plan must model within FMHA_UNSEEN_LENGTHS_SLACK of the length-aware
- * plan, which bounds the empty CTAs of a wide grid.
+ * plan, which bounds the split slots of a wide grid.
  */
 #define FMHA_UNSEEN_LENGTHS_SLACK 1.03
 
@@ -352,7 +352,7 @@ static double unseen_spread_skew(const split_work *full, const machine *m, const
  * down to s) so that a long entry among short ones still spreads over the SMs.
  * The plan that models fastest on spread + skew lengths is taken, among those
  * that model within FMHA_UNSEEN_LENGTHS_SLACK of the reference at full length
- * (the empty CTAs of the wider grids).
+ * (the split slots of the wider grids).
  */
 static void plan_unseen_lengths(const split_work *full, const machine *m, fmha_plan *plan)
 {

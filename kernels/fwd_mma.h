@@ -1755,10 +1755,6 @@ fwd_mma_kernel(const fmha_fwd_params p)
         p, (int64_t)blockIdx.x * cfg::walkers + walker);
     const walker_thread<cfg> me(walker, tid);
     const tile_addresses<T, shape::HEAD_DIM, SPLIT> at(p, w);
-    /* A split piece with no key block (its entry is shorter than the split grid, or the
-     * tile is past its rows) writes only its rows' lse, -inf: the combine reads no more
-     * of it (write_rows).  It loads no Q and fills no ring, so the empty pieces of a wide
-     * grid of device-sized chunks cost little.  Walkers that merge meet the CTA's barrier. */
     if (SPLIT && w.unused_from > 0) {
         /* Compact grid (find_piece): no piece takes the entry's splits from unused_from on;
          * its last piece gives them lse -inf, which the combine weighs at nothing. */
@@ -1771,6 +1767,10 @@ fwd_mma_kernel(const fmha_fwd_params p)
             }
         }
     }
+    /* A split piece with no key block (its entry is shorter than the split grid, or the
+     * tile is past its rows) writes only its rows' lse, -inf: the combine reads no more
+     * of it (write_rows).  It loads no Q and fills no ring, so the empty pieces of a grid
+     * of every split cost little.  Walkers that merge meet the CTA's barrier. */
     if (SPLIT && w.n_count == 0 && !w.bad_len && p.walkers_per_split == 1) {
         for (int r = me.tid; r < shape::BLOCK_M && w.row0 + r < w.rows; r += shape::THREADS) {
             const fmha_qr ih = w.place(w.row0 + r);
