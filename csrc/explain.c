@@ -303,8 +303,8 @@ static void split_text(const fmha_plan *plan, char *buf, size_t len)
         snprintf(buf, len, "lengths not read on the host, up to %lld key blocks: the kernels size "
                  "the chunks from the lengths they find, about %lld pieces per tile over the batch "
                  "of at least %d key blocks (%lld at full length), on %d walker%s, up to %d per "
-                 "entry, so short entries leave the SMs to long ones (at the capacity, the chunks "
-                 "host lengths would get; the grid models within 3%% of that plan)",
+                 "entry, on a grid of only the pieces those lengths need, so short entries leave "
+                 "the SMs to long ones (at the capacity: the chunks host lengths would get)",
                  (long long)w->key_blocks, (long long)w->pieces, w->min_chunk, (long long)w->chunk, ws,
                  plural(ws), s);
         return;
