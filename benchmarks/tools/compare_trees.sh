@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Compare source trees' speed in one device call: build each tree in place (in
-# parallel), then run the same benchmark (this tree's benchmarks/bench.py) on each,
+# parallel), then run the same benchmark (this tree's benchmarks/bench.py, or $BENCH) on each,
 # round-robin, so drift shows up as a difference between rounds of one tree; last, a
 # table of every row's ours_ms per tree (median over rounds) and new/old ratios.
 #   bash benchmarks/tools/compare_trees.sh "<bench.py args>" ROUNDS TREE...
@@ -19,6 +19,9 @@
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 bench_args=$1 rounds=$2; shift 2
+# BENCH: another script that takes --json and writes rows with "shape" and "ours_ms"
+# (benchmarks/tools/ragged_check.py); BENCH_FIXED_ARGS: options it always gets.
+bench=${BENCH:-benchmarks/bench.py} fixed_args=${BENCH_FIXED_ARGS---no-check}
 here=$(pwd)
 out=${OUT:-/tmp/fmha_out}/compare
 mkdir -p "$out"
@@ -29,7 +32,7 @@ for r in $(seq "$rounds"); do
   for t in "$@"; do
     echo "== $t (round $r)"
     # shellcheck disable=SC2086  # bench_args is a list of options
-    (cd /tmp && PYTHONPATH="$(tree_path "$t")" python3 "$here/benchmarks/bench.py" --no-check $bench_args \
+    (cd /tmp && PYTHONPATH="$(tree_path "$t")" python3 "$here/$bench" $fixed_args $bench_args \
        --json "$out/$(tag "$t")_$r.json" 2>/dev/null | tail -n +3)
   done
 done

@@ -2,9 +2,14 @@
 the lengths in host memory (a plan sized by the real lengths), over several spreads
 of lengths: issue 20's device/host ratio (target <= 1.03) and the plans' splits.
 
-    python benchmarks/tools/ragged_check.py [--reps 15]
+    python benchmarks/tools/ragged_check.py [--reps 15] [--json rows.json]
+
+Trees side by side (device ms per tree, ratios to the first):
+    BENCH=benchmarks/tools/ragged_check.py BENCH_FIXED_ARGS= \
+        bash benchmarks/tools/compare_trees.sh "--reps 13" 2 trees/main .
 """
 import argparse
+import json
 import os
 import sys
 
@@ -57,7 +62,9 @@ CASES = [  # (batch, heads_q, heads_kv, capacity, head_dim, spread)
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--reps", type=int, default=15)
+    ap.add_argument("--json", help="also write the rows here (compare_trees.sh reads ours_ms)")
     args = ap.parse_args()
+    rows = []
     print(f"{'case (B,Hq,Hkv,cap,D) spread':40s} {'sum':>9s} {'dev plan':>9s} {'host plan':>9s} "
           f"{'device ms':>10s} {'host ms':>9s} {'dev/host':>8s}")
     for batch, hq, hkv, cap, d, spread in CASES:
@@ -79,8 +86,13 @@ def main():
         name = f"({batch},{hq},{hkv},{cap},{d}) {spread}"
         print(f"{name:40s} {int(lens.sum()):9d} {plan[0]:>9s} {plan[1]:>9s} {ms['device']:10.4f} "
               f"{ms['host']:9.4f} {ms['device'] / ms['host']:8.3f}", flush=True)
+        rows.append({"shape": [batch, hq, hkv, cap, d, spread], "ours_ms": ms["device"],
+                     "host_ms": ms["host"], "plans": plan})
         del q, k, v
         torch.cuda.empty_cache()
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":
