@@ -259,6 +259,43 @@ def test_device_sized_chunks_find_every_entry_of_a_large_batch(torch, batch, hea
     assert np.isnan(got_out[batch - 30]).all() and np.isnan(got_lse[batch - 30]).all()
 
 
+def test_device_sized_chunks_with_window_softcap_and_sinks(torch):
+    """The compact grid in the window kind's kernels: (16,16,16,1,16384,64) with device
+    lengths and a 12000-key window to the left (the splits share only the blocks a tile
+    sees), softcap and sinks, lengths 0 to full and one bad entry.  The reference for each
+    entry runs on its window's keys alone (the cache is too large for a float64 copy)."""
+    batch, capacity, heads, head_dim, left = 16, 16384, 16, 64, 12000
+    gen = torch.Generator(device="cuda").manual_seed(30500)
+    q = _rand(torch, gen, (batch, 1, heads, head_dim), torch.bfloat16)
+    k = _rand(torch, gen, (batch, capacity, heads, head_dim), torch.bfloat16)
+    v = _rand(torch, gen, (batch, capacity, heads, head_dim), torch.bfloat16)
+    sinks = torch.randn(heads, generator=gen, device="cuda", dtype=torch.float32) * 2
+    new_lens = [capacity, 0, 1, 500, left + 1, 16000, 7000, 12345,
+                31, 9000, -3, 2047, 4096, 15000, 64, 13000]  # entry 10 is bad
+    lens = torch.tensor(new_lens, dtype=torch.int32, device="cuda")
+    kw = dict(causal=True, window=(left, 0), softcap=4.0, sinks=sinks)
+    plan = fmha_native.explain(q, k, v, cache_seqlens=lens, **kw)
+    if plan["split"]["rule"] != "device":
+        pytest.skip(f"this GPU's plan sizes no chunks on the device: {plan['reason']}")
+    assert ",window" in plan["kernel"] and ",softcap" in plan["kernel"], plan["kernel"]
+    out, lse = fmha_native.forward(q, k, v, cache_seqlens=lens, **kw)
+    torch.cuda.synchronize()
+    got_out, got_lse = as_f64(out), as_f64(lse)
+    sinks64 = as_f64(sinks)
+    for b, n in enumerate(new_lens):
+        if n < 0:
+            assert np.isnan(got_out[b]).all() and np.isnan(got_lse[b]).all(), b
+            continue
+        seen = min(n, left + 1)  # query n - 1 sees keys n - 1 - left .. n - 1
+        start = n - seen
+        rows = slice(start, start + max(seen, 1))  # one key row even when none is seen
+        ref_out, ref_lse = reference.forward(
+            as_f64(q[b:b + 1]), as_f64(k[b:b + 1, rows]), as_f64(v[b:b + 1, rows]),
+            cache_seqlens=np.array([seen]), softcap=4.0, sinks=sinks64)
+        assert_close(got_out[b:b + 1], got_lse[b:b + 1], ref_out, ref_lse, "bf16",
+                     what=f"entry {b}, length {n}: {plan['num_splits']} splits")
+
+
 @pytest.mark.parametrize("num_splits", [0, 1, 4])
 @pytest.mark.parametrize("seqlen_q", [1, 20])
 def test_bad_device_lengths_give_nan_rows_and_touch_nothing_outside(torch, seqlen_q, num_splits):
