@@ -255,18 +255,11 @@ FMHA_HOST_DEVICE static inline int64_t fmha_device_chunk(int64_t longest, int64_
     return chunk > 0 ? chunk : 1;
 }
 
-/* Pieces of an entry of `blocks` key blocks in chunks of `chunk` (fmha_device_chunk): one
- * at least, so that an empty or bad entry still writes its rows. */
-FMHA_HOST_DEVICE static inline int64_t fmha_device_entry_pieces(int64_t blocks, int64_t chunk)
-{
-    const int64_t n = (blocks + chunk - 1) / chunk;
-    return n > 1 ? n : 1;
-}
-
 /*
  * Pieces per (row block, head) of the grid of a device-chunk plan.  The grid is compact
- * (fwd_mma.h find_piece): entry b's pieces follow entry b-1's.  As chunk >= total /
- * pieces, the entries' pieces sum to at most sum_b (blocks_b / chunk + 1) <= pieces +
+ * (fwd_mma.h find_piece): entry b's pieces, max(1, ceil(blocks_b / chunk)) (one at
+ * least, so that an empty or bad entry still writes its rows), follow entry b-1's.  As
+ * chunk >= total / pieces, they sum to at most sum_b (blocks_b / chunk + 1) <= pieces +
  * batch, and no entry has more than `splits`.
  */
 FMHA_HOST_DEVICE static inline int64_t fmha_device_grid_pieces(int64_t pieces, int64_t batch, int64_t splits)

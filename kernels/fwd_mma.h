@@ -499,7 +499,7 @@ template <int BLOCK_N> __device__ __forceinline__ int64_t entry_blocks(const fmh
  * A plan of device-sized chunks (p.device_pieces > 0, lengths the host never read):
  * the chunk comes from the batch's longest entry and the sum of its entries' key blocks
  * (fmha_device_chunk), and the grid is compact: per (row block, head), entry b's
- * pieces (fmha_device_entry_pieces) follow entry b - 1's, so piece q is split q -
+ * pieces (max(1, ceil(blocks / chunk))) follow entry b - 1's, so piece q is split q -
  * first_b of the entry b with first_b <= q < first_b + pieces_b.  Each warp gathers
  * the lengths and finds its entry with a prefix sum, WARP_LANES entries at a time
  * (the first 2 * WARP_LANES lengths are read once, together); a q past every
@@ -537,7 +537,7 @@ __device__ __forceinline__ device_piece find_piece(const fmha_fwd_params &p, int
 #pragma unroll
         for (int k = 0; k < KEPT; k++)
             blocks = round == k ? kept[k] : blocks; /* selects: no local-memory array */
-        /* fmha_device_entry_pieces, with the 32-bit division where it fits */
+        /* the entry's pieces, with the 32-bit division where it fits */
         const int64_t n = fmha_divide(blocks + found.chunk - 1, found.chunk).q;
         const int count = b >= p.batch ? 0 : n > 1 ? (int)n : 1;
         const int end = warp_prefix_sum(count), here = warp_read(end, WARP_LANES - 1);
