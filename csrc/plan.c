@@ -726,9 +726,16 @@ static void plan_kernel(const fmha_fwd_params *p, const fmha_target *t, int kern
     memset(&plan->split, 0, sizeof plan->split);
     /* host cache_seqlens or cu_seqlens_k: the glue passes their sum */
     const int lengths_known = p->total_keys > 0;
+    /* A window hides key blocks from every tile: the splits share only the ones a tile
+     * sees (fwd_mma.h make_work), of its positions (all of them when heads are packed). */
+    const int64_t positions = plan->pack_gqa || p->seqlen_q < tiles.block_m ? p->seqlen_q : tiles.block_m;
+    const int64_t visible_blocks = fmha_visible_key_blocks(p, positions, tiles.block_n);
     if (kernel == FMHA_KERNEL_GPU_DECODE && !dev->is_amd && dev->l2_bytes > 0) {
-        /* K and V bytes the tiles read: the real lengths when known, else the capacity */
+        /* K and V bytes the tiles read: the real lengths when known, else the capacity;
+         * with a window, at most the keys a tile sees */
         double keys = lengths_known ? (double)p->total_keys : (double)p->batch * (double)p->seqlen_k;
+        const double seen = (double)p->batch * (double)visible_blocks * (double)tiles.block_n;
+        keys = keys < seen ? keys : seen;
         double kv_bytes = keys * (double)p->heads_kv * (double)p->head_dim * 2.0 /* K, V */ * (fp8 ? 1.0 : 2.0);
         plan->kv_read_once = kv_bytes <= FMHA_GPU_READ_ONCE_L2 * (double)dev->l2_bytes;
     }
@@ -746,11 +753,7 @@ static void plan_kernel(const fmha_fwd_params *p, const fmha_target *t, int kern
     const int64_t unsplit_waves = ceil_div(ceil_div(n_tiles, tiles.walkers), machine_slots(&gpu));
     const int ragged = requested == 0 && lengths_known && p->batch > 1 &&
                        unsplit_waves < FMHA_RAGGED_MAX_WAVES;
-    /* A window hides key blocks from every tile: the splits share only the ones a tile
-     * sees (fwd_mma.h make_work), of its positions (all of them when heads are packed). */
-    const int64_t positions = plan->pack_gqa || p->seqlen_q < tiles.block_m ? p->seqlen_q : tiles.block_m;
-    split_work w = {ragged ? n_tiles / p->batch : n_tiles,
-                    fmha_visible_key_blocks(p, positions, tiles.block_n),
+    split_work w = {ragged ? n_tiles / p->batch : n_tiles, visible_blocks,
                     ragged ? ceil_div(p->total_keys, tiles.block_n) : 0, p->batch,
                     split_partial_cost(tiles.block_m, tiles.block_n), tiles.walkers, 1.0};
     plan_splits(requested, &w, &gpu, plan);

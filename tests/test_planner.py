@@ -350,6 +350,19 @@ def test_kv_read_once_counts_the_cache_lengths():
     assert plan_for(short, H200)["kv_read_once"] is True
 
 
+def test_kv_read_once_counts_the_keys_a_window_shows():
+    """(16,32,8,1,8192,128) decode, window 1023 to the left: a tile sees 33 key blocks of 32
+    keys (the window's 1024 keys, plus one block for where it starts), 16 x 1056 keys x
+    4 KiB = 66 MiB, under 4 x the H100's 50 MiB; the whole cache is 512 MiB."""
+    shape = dict(batch=16, seqlen_k=8192, causal=True)
+    assert plan_for(problem(**shape), H100)["kv_read_once"] is False
+    windowed = plan_for(problem(window_left=1023, window_right=0, **shape), H100)
+    assert windowed["split"]["key_blocks"] == 33, windowed["reason"]
+    assert windowed["kv_read_once"] is True, windowed["reason"]
+    # a window as long as the cache hides nothing
+    assert plan_for(problem(window_left=8192, window_right=0, **shape), H100)["kv_read_once"] is False
+
+
 def test_prefill_never_reads_once():
     assert plan_for(problem(seqlen_q=512, seqlen_k=1024), H200)["kv_read_once"] is False
 
