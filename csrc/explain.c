@@ -55,7 +55,78 @@ static void feature_names(int64_t f, char *buf, size_t len)
 
 static const char *plural(int64_t n) { return n == 1 ? "" : "s"; }
 
-/* "64, 128": the head_dims the GPU kernels are built for (fmha_config.h). */
+/* Why the sm90 kernel does not take p (e.g. "it does not read KV caches"); 0 and ""
+ * where it is not in question (decode, not a Hopper GPU). */
+static int sm90_why_text(const fmha_fwd_params *p, fmha_sm90_why reason, const fmha_target *t,
+                         char *why, size_t len)
+{
+    switch (reason) {
+    case FMHA_SM90_NOT_BUILT:
+        snprintf(why, len, "this build has no sm_90a code (FMHA_CUDA_ARCHS=\"%s\")",
+                 fmha_plan_cuda_archs(t));
+        break;
+    case FMHA_SM90_ASKED_MMA:
+        snprintf(why, len, "FMHA_GPU_PREFILL_KERNEL=mma");
+        break;
+    case FMHA_SM90_HEAD_DIM:
+        snprintf(why, len, "it has no head_dim %lld tiles", (long long)p->head_dim);
+        break;
+    case FMHA_SM90_KV_CACHE:
+        snprintf(why, len, "it does not read KV caches");
+        break;
+    case FMHA_SM90_PAGED:
+        snprintf(why, len, "it does not read paged KV caches (block_table)");
+        break;
+    case FMHA_SM90_FORCED_SPLITS:
+        snprintf(why, len, "it writes no split partials for the forced num_splits");
+        break;
+    case FMHA_SM90_UNALIGNED:
+        snprintf(why, len, "its TMA loads need q/k/v/out addresses and strides in 16-byte "
+                 "multiples");
+        break;
+    case FMHA_SM90_SCALE:
+        snprintf(why, len, "it needs a positive finite softmax_scale");
+        break;
+    case FMHA_SM90_GRID:
+        snprintf(why, len, "batch and heads_q must be at most 65535 on its grid");
+        break;
+    case FMHA_SM90_PACKED:
+        snprintf(why, len, "the query heads of a kv head fit one tile here, so K/V are read "
+                 "once for all of them");
+        break;
+    case FMHA_SM90_SPLITS:
+        snprintf(why, len, "on its tiles, one CTA per SM, the split rule splits the keys, "
+                 "which it cannot");
+        break;
+    case FMHA_SM90_KV_FP8:
+        snprintf(why, len, "it does not read float8_e4m3fn K/V; the tensor-core tiles widen "
+                 "the codes in shared memory");
+        break;
+    case FMHA_SM90_OUT_DTYPE:
+        snprintf(why, len, "out_dtype %s needs fp32 partials and the combine, which it "
+                 "does not write", dtype_name(p->out_dtype));
+        break;
+    default:
+        why[0] = '\0';
+        return 0;
+    }
+    return 1;
+}
+
+/* Why the tensor-core prefill tiles run instead of the sm90 kernel, as " (...)";
+ * "" where the sm90 kernel is not in question. */
+static void sm90_not_used(const fmha_fwd_params *p, const fmha_plan *plan, const fmha_target *t,
+                          char *buf, size_t len)
+{
+    char why[160];
+    if (sm90_why_text(p, plan->sm90_why, t, why, sizeof why))
+        snprintf(buf, len, " (not fwd_sm90: %s)", why);
+    else
+        buf[0] = '\0';
+}
+
+/* "64, 128, 256 (Hopper prefill only)": the head_dims the GPU kernels are built for
+ * (fmha_config.h), those of the sm90 kernel alone marked. */
 static void gpu_head_dims(char *buf, size_t len)
 {
     size_t used = 0;
@@ -64,14 +135,31 @@ static void gpu_head_dims(char *buf, size_t len)
     used += (size_t)snprintf(buf + used, used < len ? len - used : 0, "%s%d", used ? ", " : "", hd);
     FMHA_GPU_MMA_CONFIGS(FMHA_LIST)
 #undef FMHA_LIST
+#define FMHA_LIST(hd, bm, bn, warps, stages, ctas, walkers)                                              \
+    if (fmha_plan_sm90_only_head_dim(hd))                                                                \
+        used += (size_t)snprintf(buf + used, used < len ? len - used : 0, ", %d (Hopper prefill only)", hd);
+    FMHA_GPU_SM90_CONFIGS(FMHA_LIST)
+#undef FMHA_LIST
+}
+
+/* "only the Hopper prefill kernel has head_dim 256 tiles, and it does not read KV caches":
+ * why a head_dim of the sm90 kernel alone is refused (gate item b, fmha_sm90_why). */
+static void sm90_only_refusal(const fmha_fwd_params *p, const fmha_target *t, const fmha_gate_item *g,
+                              char *buf, size_t len)
+{
+    char why[160];
+    if (!sm90_why_text(p, (fmha_sm90_why)g->b, t, why, sizeof why))
+        snprintf(why, sizeof why, "it runs on NVIDIA compute capability 9.x only");
+    snprintf(buf, len, "only the Hopper prefill kernel has head_dim %lld tiles, and %s", (long long)g->a, why);
 }
 
 /* What a gate item checked and found (the explain() gate's "why"). */
-static void gate_why(const fmha_plan *plan, const fmha_target *t, const fmha_gate_item *g,
+static void gate_why(const fmha_fwd_params *p, const fmha_plan *plan, const fmha_target *t,
+                     const fmha_gate_item *g,
                      char *buf, size_t len)
 {
     const fmha_device_info *dev = t->device;
-    char dims[64];
+    char dims[96];
     switch (g->id) {
     case FMHA_GATE_DEVICE:
         if (g->b == FMHA_DEVICE_NOT_BUILT)
@@ -110,8 +198,11 @@ static void gate_why(const fmha_plan *plan, const fmha_target *t, const fmha_gat
                      g->met ? "in" : "outside", (long long)g->b);
         } else {
             gpu_head_dims(dims, sizeof dims);
-            snprintf(buf, len, "head_dim %lld %s {%s}", (long long)g->a, g->met ? "in" : "not in",
-                     dims);
+            if (g->met || g->b == FMHA_SM90_CHOSEN)
+                snprintf(buf, len, "head_dim %lld %s {%s}", (long long)g->a, g->met ? "in" : "not in",
+                         dims);
+            else
+                sm90_only_refusal(p, t, g, buf, len);
         }
         return;
     case FMHA_GATE_ALIGNMENT:
@@ -144,11 +235,12 @@ static void gate_why(const fmha_plan *plan, const fmha_target *t, const fmha_gat
 
 /* An unmet gate item as the requirement it breaks, e.g. "head_dim 96 is not
  * supported by the GPU kernels (they cover 64, 128)". */
-static void requirement(const fmha_plan *plan, const fmha_target *t, const fmha_gate_item *g,
+static void requirement(const fmha_fwd_params *p, const fmha_plan *plan, const fmha_target *t,
+                        const fmha_gate_item *g,
                         char *buf, size_t len)
 {
     const fmha_device_info *dev = t->device;
-    char dims[64];
+    char dims[96];
     switch (g->id) {
     case FMHA_GATE_ARCH:
         if (dev && dev->is_amd)
@@ -179,8 +271,15 @@ static void requirement(const fmha_plan *plan, const fmha_target *t, const fmha_
                      (long long)g->a, (long long)g->b);
         } else {
             gpu_head_dims(dims, sizeof dims);
-            snprintf(buf, len, "head_dim %lld is not supported by the GPU kernels (they cover %s)",
-                     (long long)g->a, dims);
+            if (g->b == FMHA_SM90_CHOSEN) {
+                snprintf(buf, len, "head_dim %lld is not supported by the GPU kernels (they cover %s)",
+                         (long long)g->a, dims);
+            } else {
+                char why[224];
+                sm90_only_refusal(p, t, g, why, sizeof why);
+                snprintf(buf, len, "head_dim %lld is not supported by the GPU kernels here: %s",
+                         (long long)g->a, why);
+            }
         }
         return;
     case FMHA_GATE_FEATURES:
@@ -189,12 +288,13 @@ static void requirement(const fmha_plan *plan, const fmha_target *t, const fmha_
                  (g->a & (g->a - 1)) ? "are" : "is");
         return;
     default:
-        gate_why(plan, t, g, buf, len);
+        gate_why(p, plan, t, g, buf, len);
     }
 }
 
 /* The unmet requirements, "; "-separated. */
-static void requirements(const fmha_plan *plan, const fmha_target *t, char *buf, size_t len)
+static void requirements(const fmha_fwd_params *p, const fmha_plan *plan, const fmha_target *t, char *buf,
+                         size_t len)
 {
     size_t used = 0;
     char one[256];
@@ -202,33 +302,34 @@ static void requirements(const fmha_plan *plan, const fmha_target *t, char *buf,
     for (int i = 0; i < plan->n_gate && used < len; i++) {
         if (plan->gate[i].met)
             continue;
-        requirement(plan, t, &plan->gate[i], one, sizeof one);
+        requirement(p, plan, t, &plan->gate[i], one, sizeof one);
         used += (size_t)snprintf(buf + used, len - used, "%s%s", used ? "; " : "", one);
     }
 }
 
 /* "name: met/NOT met (why); ..." for messages. */
-static void gate_text(const fmha_plan *plan, const fmha_target *t, char *buf, size_t len)
+static void gate_text(const fmha_fwd_params *p, const fmha_plan *plan, const fmha_target *t, char *buf,
+                      size_t len)
 {
     size_t used = 0;
     char why[256];
     buf[0] = '\0';
     for (int i = 0; i < plan->n_gate && used < len; i++) {
-        gate_why(plan, t, &plan->gate[i], why, sizeof why);
+        gate_why(p, plan, t, &plan->gate[i], why, sizeof why);
         used += (size_t)snprintf(buf + used, len - used, "%s%s: %s (%s)", i ? "; " : "",
                                  gate_names[plan->gate[i].id], plan->gate[i].met ? "met" : "NOT met",
                                  why);
     }
 }
 
-static PyObject *gate_dict(const fmha_plan *plan, const fmha_target *t)
+static PyObject *gate_dict(const fmha_fwd_params *p, const fmha_plan *plan, const fmha_target *t)
 {
     PyObject *gate = PyDict_New(), *item = NULL;
     char why[256];
     if (!gate)
         return NULL;
     for (int i = 0; i < plan->n_gate; i++) {
-        gate_why(plan, t, &plan->gate[i], why, sizeof why);
+        gate_why(p, plan, t, &plan->gate[i], why, sizeof why);
         item = PyDict_New();
         if (!item || fmha_dict_set(item, "met", PyBool_FromLong(plan->gate[i].met)) < 0 ||
             fmha_dict_set(item, "why", PyUnicode_FromString(why)) < 0 ||
@@ -285,6 +386,10 @@ static void split_text(const fmha_plan *plan, char *buf, size_t len)
         snprintf(buf, len, "num_splits=%d forced (clamped to %lld key blocks)", w->requested,
                  (long long)w->key_blocks);
         return;
+    case FMHA_SPLITS_ONE_PASS:
+        snprintf(buf, len, "one pass over %lld key blocks (this kernel writes no split partials)",
+                 (long long)w->key_blocks);
+        return;
     case FMHA_SPLITS_RAGGED:
         if (!w->total_blocks) {
             /* lengths on the device (plan.c: plan_unseen_lengths) */
@@ -324,7 +429,7 @@ static void split_text(const fmha_plan *plan, char *buf, size_t len)
 /* The numbers behind the split count, for tools (benchmarks read tiles and slots). */
 static PyObject *split_dict(const fmha_plan *plan)
 {
-    static const char *const rules[] = {"forced", "heuristic", "ragged", "device"};
+    static const char *const rules[] = {"forced", "heuristic", "ragged", "device", "one_pass"};
     const fmha_split_why *w = &plan->split;
     PyObject *d = PyDict_New();
     if (!d)
@@ -353,64 +458,6 @@ static PyObject *split_dict(const fmha_plan *plan)
     return d;
 }
 
-/* Why the tensor-core prefill tiles run instead of the sm90 kernel, as " (...)";
- * "" where the sm90 kernel is not in question (decode, not a Hopper GPU). */
-static void sm90_not_used(const fmha_fwd_params *p, const fmha_plan *plan, const fmha_target *t,
-                          char *buf, size_t len)
-{
-    char why[160];
-    switch (plan->sm90_why) {
-    case FMHA_SM90_NOT_BUILT:
-        snprintf(why, sizeof why, "this build has no sm_90a code (FMHA_CUDA_ARCHS=\"%s\")",
-                 fmha_plan_cuda_archs(t));
-        break;
-    case FMHA_SM90_ASKED_MMA:
-        snprintf(why, sizeof why, "FMHA_GPU_PREFILL_KERNEL=mma");
-        break;
-    case FMHA_SM90_HEAD_DIM:
-        snprintf(why, sizeof why, "it has no head_dim %lld tiles", (long long)p->head_dim);
-        break;
-    case FMHA_SM90_KV_CACHE:
-        snprintf(why, sizeof why, "it does not read KV caches");
-        break;
-    case FMHA_SM90_PAGED:
-        snprintf(why, sizeof why, "it does not read paged KV caches (block_table)");
-        break;
-    case FMHA_SM90_FORCED_SPLITS:
-        snprintf(why, sizeof why, "it writes no split partials for the forced num_splits");
-        break;
-    case FMHA_SM90_UNALIGNED:
-        snprintf(why, sizeof why, "its TMA loads need q/k/v/out addresses and strides in 16-byte "
-                 "multiples");
-        break;
-    case FMHA_SM90_SCALE:
-        snprintf(why, sizeof why, "it needs a positive finite softmax_scale");
-        break;
-    case FMHA_SM90_GRID:
-        snprintf(why, sizeof why, "batch and heads_q must be at most 65535 on its grid");
-        break;
-    case FMHA_SM90_PACKED:
-        snprintf(why, sizeof why, "the query heads of a kv head fit one tile here, so K/V are read "
-                 "once for all of them");
-        break;
-    case FMHA_SM90_SPLITS:
-        snprintf(why, sizeof why, "on its tiles, one CTA per SM, the split rule splits the keys, "
-                 "which it cannot");
-        break;
-    case FMHA_SM90_KV_FP8:
-        snprintf(why, sizeof why, "it does not read float8_e4m3fn K/V; the tensor-core tiles widen "
-                 "the codes in shared memory");
-        break;
-    case FMHA_SM90_OUT_DTYPE:
-        snprintf(why, sizeof why, "out_dtype %s needs fp32 partials and the combine, which it "
-                 "does not write", dtype_name(p->out_dtype));
-        break;
-    default:
-        buf[0] = '\0';
-        return;
-    }
-    snprintf(buf, len, " (not fwd_sm90: %s)", why);
-}
 
 /* Why this kernel, tiles and split count (or what the problem needs that is missing). */
 static void plan_reason(const fmha_fwd_params *p, const fmha_plan *plan, const fmha_target *t,
@@ -418,7 +465,7 @@ static void plan_reason(const fmha_fwd_params *p, const fmha_plan *plan, const f
 {
     char why[512], not_sm90[224];
     if (!plan->supported) {
-        requirements(plan, t, buf, len);
+        requirements(p, plan, t, buf, len);
         return;
     }
     split_text(plan, why, sizeof why);
@@ -463,8 +510,8 @@ PyObject *fmha_explain_raise_unsupported(const fmha_explain_input *in)
     const fmha_plan *plan = in->plan;
     const int gpu = plan->backend == FMHA_BACKEND_GPU;
     char need[768], gate[1024];
-    requirements(plan, in->target, need, sizeof need);
-    gate_text(plan, in->target, gate, sizeof gate);
+    requirements(in->p, plan, in->target, need, sizeof need);
+    gate_text(in->p, plan, in->target, gate, sizeof gate);
     const char *hint = !gpu ? ""
                        : in->inputs_on_host ? "; device=\"cpu\" runs it"
                                             : "; the CPU backend runs it: pass host arrays with "
@@ -664,7 +711,7 @@ PyObject *fmha_explain_dict(const fmha_explain_input *in)
         fmha_dict_set(d, "block_n", PyLong_FromLong(in->empty ? 0 : plan->block_n)) < 0 ||
         fmha_dict_set(d, "pack_gqa", PyBool_FromLong(!in->empty && plan->pack_gqa)) < 0 ||
         fmha_dict_set(d, "reason", PyUnicode_FromString(reason)) < 0 ||
-        fmha_dict_set(d, "gate", in->empty ? PyDict_New() : gate_dict(plan, t)) < 0 ||
+        fmha_dict_set(d, "gate", in->empty ? PyDict_New() : gate_dict(p, plan, t)) < 0 ||
         fmha_dict_set(d, "batch", PyLong_FromLongLong(p->batch)) < 0 ||
         fmha_dict_set(d, "seqlen_q", PyLong_FromLongLong(p->seqlen_q)) < 0 ||
         fmha_dict_set(d, "seqlen_k", PyLong_FromLongLong(p->seqlen_k)) < 0 ||
@@ -700,7 +747,7 @@ PyObject *fmha_explain_dict(const fmha_explain_input *in)
     if (in->gpu_rejected &&
         fmha_dict_set(d, "gpu_rejected",
                       Py_BuildValue("{s:s,s:s,s:N}", "kernel", "", "reason", rejected, "gate",
-                                    gate_dict(in->gpu_rejected, in->gpu_rejected_target))) < 0)
+                                    gate_dict(in->p, in->gpu_rejected, in->gpu_rejected_target))) < 0)
         goto fail;
     return d;
 fail:

@@ -337,7 +337,9 @@ typedef enum fmha_gate_id {
     FMHA_GATE_DEVICE = 0,   /* GPU: kernels built in and a device visible; a = SMs or CUs */
     FMHA_GATE_ARCH = 1,     /* GPU: cc >= 8.0 (a, b = major, minor) or an AMD arch built */
     FMHA_GATE_DTYPE = 2,    /* a = fmha_dtype of q; b = of k/v (FMHA_DTYPE_E4M3: fp8 cache) */
-    FMHA_GATE_HEAD_DIM = 3, /* a = head_dim; GPU: a row of fmha_config.h, CPU: 1..max */
+    FMHA_GATE_HEAD_DIM = 3, /* a = head_dim; GPU: a row of fmha_config.h (b: for a head_dim
+                               of the sm90 kernel alone, the fmha_sm90_why that refused it,
+                               FMHA_SM90_CHOSEN when it takes it), CPU: 1..max (b = max) */
     FMHA_GATE_ALIGNMENT = 4,/* GPU: a = 1 when no operand needs staging; b = 0 (not met)
                                when fp8 K/V rows are not 16-byte aligned (never staged) */
     FMHA_GATE_FEATURES = 5, /* GPU, always met (the tensor-core kernels run window, softcap
@@ -363,6 +365,7 @@ typedef enum fmha_split_rule {
     FMHA_SPLITS_HEURISTIC = 1, /* equal tiles: the time model's best count */
     FMHA_SPLITS_RAGGED = 2,    /* per-entry key lengths: equal chunks of `chunk` key blocks */
     FMHA_SPLITS_DEVICE = 3,    /* lengths on the device: chunks sized there (fmha_device_chunk) */
+    FMHA_SPLITS_ONE_PASS = 4,  /* one split: the kernel writes no partials (sm90, not forced) */
 } fmha_split_rule;
 
 /*
@@ -468,6 +471,9 @@ fmha_status fmha_plan_make(const fmha_fwd_params *p, const fmha_target *target,
 const char *fmha_plan_hip_archs(const fmha_target *target);
 /* The NVIDIA archs built for target (';'-separated FMHA_CUDA_ARCHS entries). */
 const char *fmha_plan_cuda_archs(const fmha_target *target);
+/* Whether head_dim has tiles in the sm90 kernel and none in the tensor-core tables
+ * (256): then only Hopper prefill runs it (the gate's head_dim item says why not). */
+int fmha_plan_sm90_only_head_dim(int64_t head_dim);
 
 /* Copy the plan's choices into the params the backend reads. */
 void fmha_plan_apply(const fmha_plan *plan, fmha_fwd_params *p);

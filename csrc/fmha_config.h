@@ -101,7 +101,9 @@
  * per SM (it holds most of the shared memory and registers).  Head_dim 192 takes
  * 112-key blocks: Q (48 KB) and two stages of 128-key K and V (4 x 48 KB) would
  * pass the 227 KB of shared memory, 112 keys fit (217 KB) with S at 56 floats a
- * thread next to O's 96.  Head_dim 96 runs two 64-column panels whose last 32
+ * thread next to O's 96.  Head_dim 256 takes 80-key blocks (Q 64 KB, two stages of K
+ * and V 160 KB; O holds 128 registers a thread) and has no tensor-core tiles below:
+ * it runs where this kernel runs (Hopper prefill, one split; plan.c).  Head_dim 96 runs two 64-column panels whose last 32
  * columns TMA fills with zeros (fwd_sm90.h).  kernels/fwd_sm90.h checks its compile-time
  * constants against these rows.  The planner picks it for prefill on cc 9.x
  * when the build has sm_90a code (plan.c says when else).
@@ -117,7 +119,8 @@
     X(64, 64 * FMHA_SM90_D64_CONSUMERS, 128, 4 * (1 + FMHA_SM90_D64_CONSUMERS), 3, 1, 1) \
     X(96, 128, 128, 12, 2, 1, 1)                                                          \
     X(128, 128, 128, 12, 2, 1, 1)                                                         \
-    X(192, 128, 112, 12, 2, 1, 1)
+    X(192, 128, 112, 12, 2, 1, 1)                                                         \
+    X(256, 128, 80, 12, 2, 1, 1)
 
 /*
  * How the consumer warpgroups of the sm90 kernel share the tensor cores

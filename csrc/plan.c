@@ -580,7 +580,17 @@ const char *fmha_plan_cuda_archs(const fmha_target *t)
     return t->cuda_archs_built ? t->cuda_archs_built : FMHA_CUDA_ARCHS_BUILT;
 }
 
-static void gpu_gate(const fmha_fwd_params *p, const fmha_target *t, fmha_plan *plan)
+/* A head_dim with sm90 tiles and no tensor-core tiles (256): only the sm90 kernel runs it. */
+int fmha_plan_sm90_only_head_dim(int64_t head_dim)
+{
+    gpu_tiles tiles;
+    int row = 0, ctas = 0;
+    return !gpu_mma_config(head_dim, &tiles, &row) && gpu_sm90_config(head_dim, &tiles, &ctas);
+}
+
+static fmha_sm90_why sm90_fit(const fmha_fwd_params *p, const fmha_target *t, int requested, int packed);
+
+static void gpu_gate(const fmha_fwd_params *p, const fmha_target *t, int requested, fmha_plan *plan)
 {
     const fmha_device_info *dev = t->device;
     if (!t->gpu_compiled)
@@ -602,7 +612,15 @@ static void gpu_gate(const fmha_fwd_params *p, const fmha_target *t, fmha_plan *
              p->dtype, fmha_kv_dtype(p));
     gpu_tiles tiles;
     int row = 0;
-    gate_add(plan, FMHA_GATE_HEAD_DIM, gpu_mma_config(p->head_dim, &tiles, &row), p->head_dim, 0);
+    /* b: for a head_dim only the sm90 kernel has, why it does not take this problem
+     * (fmha_sm90_why; FMHA_SM90_CHOSEN when it does) */
+    const int sm90_only = fmha_plan_sm90_only_head_dim(p->head_dim);
+    const fmha_sm90_why only_why = !sm90_only ? FMHA_SM90_CHOSEN
+                                   : dev      ? sm90_fit(p, t, requested, 0)
+                                              : FMHA_SM90_NOT_HOPPER;
+    gate_add(plan, FMHA_GATE_HEAD_DIM,
+             gpu_mma_config(p->head_dim, &tiles, &row) || (sm90_only && only_why == FMHA_SM90_CHOSEN),
+             p->head_dim, only_why);
     /* Unaligned rows are copied to aligned scratch first (gpu.c), except an fp8 cache's
      * (a = all aligned, b = whether fp8 K/V rows are). */
     const int kv_ok = kv_aligned(p, FMHA_GPU_ALIGN_IN);
@@ -794,7 +812,8 @@ static void plan_gpu_kernel(const fmha_fwd_params *p, const fmha_target *t, int 
 {
     gpu_tiles mma, decode;
     int row = 0;
-    gpu_mma_config(p->head_dim, &mma, &row);
+    /* without tensor-core tiles (fmha_plan_sm90_only_head_dim) the gate admitted the sm90 kernel, unsplit */
+    const int has_mma = gpu_mma_config(p->head_dim, &mma, &row);
     const int64_t group = p->heads_q / p->heads_kv;
     const int asked = t->prefill == FMHA_PREFILL_SM90;
     int decode_ctas = 0;
@@ -803,11 +822,14 @@ static void plan_gpu_kernel(const fmha_fwd_params *p, const fmha_target *t, int 
                                               &decode_ctas);
     fmha_sm90_why why = FMHA_SM90_DECODE;
     if (!decode_rows || asked) {
-        const int packed = group > 1 && p->seqlen_q * group <= mma.block_m;
+        const int packed = has_mma && group > 1 && p->seqlen_q * group <= mma.block_m;
         why = sm90_fit(p, t, requested, packed);
     }
     if (why == FMHA_SM90_CHOSEN) {
-        plan_kernel(p, t, FMHA_KERNEL_GPU_SM90, asked && requested == 0 ? 1 : requested, plan);
+        const int one_pass = (asked || !has_mma) && requested == 0;
+        plan_kernel(p, t, FMHA_KERNEL_GPU_SM90, one_pass ? 1 : requested, plan);
+        if (one_pass)
+            plan->split.rule = FMHA_SPLITS_ONE_PASS;
         if (plan->num_splits == 1) {
             plan->sm90_why = FMHA_SM90_CHOSEN;
             return;
@@ -822,7 +844,7 @@ static void plan_gpu(const fmha_fwd_params *p, const fmha_target *t, int request
                      fmha_plan *plan)
 {
     plan->backend = FMHA_BACKEND_GPU;
-    gpu_gate(p, t, plan);
+    gpu_gate(p, t, requested, plan);
     if (plan->supported)
         plan_gpu_kernel(p, t, requested, plan);
 }

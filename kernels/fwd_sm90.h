@@ -1,9 +1,9 @@
 /*
  * fwd_sm90.h: the warp-specialized Hopper (sm_90a) prefill kernel and its
- * host launcher, NVIDIA only, for head_dims 64, 96, 128 and 192 (one
+ * host launcher, NVIDIA only, for head_dims 64, 96, 128, 192 and 256 (one
  * translation unit each: fwd_sm90_d*.hip).  One CTA owns 64 query rows per
  * consumer warpgroup (192 at head_dim 64, 128 above: tile_shape) of one
- * (batch, query head) and walks, 128 keys at a time (112 at head_dim 192),
+ * (batch, query head) and walks, 128 keys at a time (112 at head_dim 192, 80 at 256),
  * all the key blocks that those rows can see:
  *
  *   producer warpgroup   one elected lane issues TMA loads: Q once, then K(j)
@@ -73,8 +73,9 @@ template <int HEAD_DIM> struct tile_shape {
     static constexpr int consumers = HEAD_DIM <= 64 ? FMHA_SM90_D64_CONSUMERS : 2;
     static constexpr int block_m = consumers * WGMMA_M;         /* query rows per CTA */
     /* keys per main-loop step: 128, but 112 at head_dim 192, where two stages of 128-key K and
-     * V (48 KB each) next to Q (48 KB) would not fit (smem_plan) */
-    static constexpr int block_n = HEAD_DIM > 128 ? 112 : 128;
+     * V (48 KB each) next to Q (48 KB) would not fit (smem_plan), and 80 at 256, where O takes
+     * 128 registers a thread and Q 64 KB (two stages of 80-key K and V: 160 KB) */
+    static constexpr int block_n = HEAD_DIM > 192 ? 80 : HEAD_DIM > 128 ? 112 : 128;
     static constexpr int threads = (1 + consumers) * WARPGROUP_THREADS;
     /* the registers the producer gives up, shared by the consumers (setmaxnreg: multiples of 8) */
     static constexpr int consumer_regs =
@@ -804,6 +805,7 @@ FMHA_SM90_INSTANCES(extern, 64)
 FMHA_SM90_INSTANCES(extern, 96)
 FMHA_SM90_INSTANCES(extern, 128)
 FMHA_SM90_INSTANCES(extern, 192)
+FMHA_SM90_INSTANCES(extern, 256)
 
 template <typename T>
 inline cudaError_t launch_head_dim(const tensor_maps &maps, const fmha_fwd_params &p, dim3 grid, int sched)
@@ -815,8 +817,10 @@ inline cudaError_t launch_head_dim(const tensor_maps &maps, const fmha_fwd_param
         return launch_mask<T, 96>(maps, p, grid, sched);
     case 128:
         return launch_mask<T, 128>(maps, p, grid, sched);
-    default:
+    case 192:
         return launch_mask<T, 192>(maps, p, grid, sched);
+    default:
+        return launch_mask<T, 256>(maps, p, grid, sched);
     }
 }
 
@@ -833,6 +837,7 @@ inline bool tile_of(int64_t head_dim, int *block_m, int *block_n)
         FMHA_SM90_TILE_OF(96)
         FMHA_SM90_TILE_OF(128)
         FMHA_SM90_TILE_OF(192)
+        FMHA_SM90_TILE_OF(256)
 #undef FMHA_SM90_TILE_OF
     default:
         return false;

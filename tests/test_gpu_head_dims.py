@@ -1,7 +1,8 @@
 """Head dims beyond 64 and 128 on the GPU (issue 21): 32, 80, 96 and 192 through every mode the
 tensor-core kernels run (prefill, KV cache with append, paged, packed, forced splits),
 held to the float64 reference; head dims the GPU tables do not list are refused with a
-NotImplementedError that leads with head_dim.  Every test skips (saying so) when no GPU is
+NotImplementedError that leads with head_dim.  Head_dim 256 has only the Hopper prefill
+kernel (tests/test_gpu_sm90.py runs it); everything else refuses it, saying why.  Every test skips (saying so) when no GPU is
 visible; none passes without running on one."""
 import numpy as np
 import pytest
@@ -15,7 +16,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not gpu_devices(), reason=NO_G
 
 # Head dims with GPU tiles besides 64 and 128 (csrc/fmha_config.h; NVIDIA builds).
 NEW_DIMS = [32, 80, 96, 192]
-REFUSED = [48, 112, 256]
+REFUSED = [48, 112]
 
 
 @pytest.mark.parametrize("head_dim", NEW_DIMS)
@@ -94,3 +95,19 @@ def test_unlisted_head_dims_refused(head_dim):
     out, lse = fmha_native.forward(q, k, v)
     ref_out, ref_lse = reference.forward(q, k, v)
     assert_close(as_f64(out), as_f64(lse), ref_out, ref_lse, "f16")
+
+
+def test_head_dim_256_only_as_hopper_prefill():
+    """d256 has tiles only in the sm90 kernel: a KV-cache call is refused on every GPU, naming
+    the kernel and what it lacks, and device=None runs it on the CPU."""
+    rng = np.random.default_rng(21600)
+    lengths = np.array([3, 40], np.int32)
+    q, k, v = make_qkv(rng, 2, 1, 64, 4, 2, 256, "bf16")
+    with pytest.raises(NotImplementedError) as info:
+        fmha_native.forward(q, k, v, cache_seqlens=lengths, device="gpu")
+    assert str(info.value).startswith(
+        "head_dim 256 is not supported by the GPU kernels here: only the Hopper prefill kernel has "
+        "head_dim 256 tiles, and it does not read KV caches"), str(info.value)
+    out, lse = fmha_native.forward(q, k, v, cache_seqlens=lengths)
+    ref_out, ref_lse = reference.forward(q, k, v, cache_seqlens=lengths)
+    assert_close(as_f64(out), as_f64(lse), ref_out, ref_lse, "bf16")

@@ -454,11 +454,13 @@ def test_narrow_window_takes_the_interleaved_schedule(torch):
         plan["kernel"]
 
 
-# ------------------------------------------------- head_dim 96 and 192 (issue 21)
+# ------------------------------------------------- head_dim 96, 192 and 256 (issue 21)
 # d192 walks 112-key blocks (so block edges fall off the 128-row tiles' edges); d96 runs two
-# 64-column panels whose last 32 columns TMA fills with zeros and drops on the store.
+# 64-column panels whose last 32 columns TMA fills with zeros and drops on the store; d256
+# walks 80-key blocks with O at 128 registers a thread (N = 256 products), and has no other
+# GPU kernel: these tests are its only GPU coverage.
 
-NEW_DIMS = [("bf16", 192), ("f16", 192), ("bf16", 96), ("f16", 96)]
+NEW_DIMS = [("bf16", 192), ("f16", 192), ("bf16", 96), ("f16", 96), ("bf16", 256), ("f16", 256)]
 
 
 @pytest.mark.parametrize("dtype,head_dim", NEW_DIMS)
@@ -471,7 +473,7 @@ def test_new_dims_lengths_gqa4(torch, seqlen_q, seqlen_k, causal, head_dim, dtyp
                   head_dim, dtype, seed=seqlen_q * 5 + seqlen_k + head_dim)
     plan, _, _ = check(q, k, v, dtype, causal=causal)
     assert f",d{head_dim}," in plan["kernel"], plan["kernel"]
-    assert (plan["block_m"], plan["block_n"]) == {96: (128, 128), 192: (128, 112)}[head_dim]
+    assert (plan["block_m"], plan["block_n"]) == {96: (128, 128), 192: (128, 112), 256: (128, 80)}[head_dim]
 
 
 @pytest.mark.parametrize("dtype,head_dim", NEW_DIMS)
@@ -493,7 +495,7 @@ def test_new_dims_window_softcap_sinks(torch, causal, head_dim, dtype):
                    softmax_scale=0.2, sinks=sinks_for(torch, heads_q))
 
 
-@pytest.mark.parametrize("head_dim", [96, 192])
+@pytest.mark.parametrize("head_dim", [96, 192, 256])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_new_dims_packed_sequences(torch, causal, head_dim):
     """Tiles ending mid-warpgroup store row by row from registers: at d96 those stores
@@ -506,7 +508,7 @@ def test_new_dims_packed_sequences(torch, causal, head_dim):
                  max_seqlen_q=max(lengths), max_seqlen_k=max(lengths))
 
 
-@pytest.mark.parametrize("head_dim", [96, 192])
+@pytest.mark.parametrize("head_dim", [96, 192, 256])
 def test_new_dims_out_columns_past_head_dim_untouched(torch, head_dim):
     """out as a view into wider rows: the TMA store of the last panel must not write past
     head_dim (d96: columns 96..127 of the box are outside the tensor map)."""
@@ -524,7 +526,7 @@ def test_new_dims_out_columns_past_head_dim_untouched(torch, head_dim):
     assert bool((buf[..., head_dim:] == 7.0).all())
 
 
-@pytest.mark.parametrize("head_dim", [96, 192])
+@pytest.mark.parametrize("head_dim", [96, 192, 256])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_new_dims_bitwise_deterministic(torch, causal, head_dim):
     q, k, v = qkv(torch, 2, 2048, 2048, 16, 4, head_dim, "bf16", seed=12 + head_dim)

@@ -59,15 +59,33 @@ CASES = [  # (batch, heads_q, heads_kv, capacity, head_dim, spread)
 ]
 
 
+def kernel_times(fn, calls=20):
+    """Mean device time per call of each kernel fn launches (torch.profiler)."""
+    from torch.profiler import ProfilerActivity, profile
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    return [(e.key, e.device_time_total / calls) for e in prof.key_averages()
+            if e.device_time_total > 0 and e.count >= calls]
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--json", help="also write the rows here (compare_trees.sh reads ours_ms)")
+    ap.add_argument("--kernels", metavar="SPREAD",
+                    help="also time each kernel (torch.profiler) of the rows of this spread")
+    ap.add_argument("--only", metavar="SPREAD", help="only the rows of this spread")
     args = ap.parse_args()
     rows = []
     print(f"{'case (B,Hq,Hkv,cap,D) spread':40s} {'sum':>9s} {'dev plan':>9s} {'host plan':>9s} "
           f"{'device ms':>10s} {'host ms':>9s} {'dev/host':>8s}")
     for batch, hq, hkv, cap, d, spread in CASES:
+        if args.only and spread != args.only:
+            continue
         gen = torch.Generator().manual_seed(batch * 7 + cap)
         lens = lengths_of(spread, batch, cap, gen)
         q = torch.randn(batch, 1, hq, d, device="cuda", dtype=torch.bfloat16)
@@ -86,6 +104,11 @@ def main():
         name = f"({batch},{hq},{hkv},{cap},{d}) {spread}"
         print(f"{name:40s} {int(lens.sum()):9d} {plan[0]:>9s} {plan[1]:>9s} {ms['device']:10.4f} "
               f"{ms['host']:9.4f} {ms['device'] / ms['host']:8.3f}", flush=True)
+        if spread == args.kernels:
+            for mode, fn in fns.items():
+                print(f"  {mode} lengths, kernels:")
+                for name_k, us in kernel_times(fn):
+                    print(f"    {us:9.2f} us  {name_k[:90]}")
         rows.append({"shape": [batch, hq, hkv, cap, d, spread], "ours_ms": ms["device"],
                      "host_ms": ms["host"], "plans": plan})
         del q, k, v
