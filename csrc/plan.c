@@ -580,12 +580,18 @@ const char *fmha_plan_cuda_archs(const fmha_target *t)
     return t->cuda_archs_built ? t->cuda_archs_built : FMHA_CUDA_ARCHS_BUILT;
 }
 
-/* A head_dim with sm90 tiles and no tensor-core tiles (256): only the sm90 kernel runs it. */
+/* A head_dim with sm90 tiles and no tensor-core tiles (256): only the sm90 kernel runs it.
+ * None in an AMD build (no sm90 kernel; its tensor-core table lists 64 and 128 only). */
 int fmha_plan_sm90_only_head_dim(int64_t head_dim)
 {
+#if defined(FMHA_WITH_HIP)
+    (void)head_dim;
+    return 0;
+#else
     gpu_tiles tiles;
     int row = 0, ctas = 0;
     return !gpu_mma_config(head_dim, &tiles, &row) && gpu_sm90_config(head_dim, &tiles, &ctas);
+#endif
 }
 
 static fmha_sm90_why sm90_fit(const fmha_fwd_params *p, const fmha_target *t, int requested, int packed);
