@@ -20,7 +20,10 @@ set -uo pipefail
 export PYTHONUNBUFFERED=1
 bench_args=$1 rounds=$2; shift 2
 # BENCH: another script that takes --json and writes rows with "shape" and "ours_ms"
-# (benchmarks/tools/ragged_check.py); BENCH_FIXED_ARGS: options it always gets.
+# (benchmarks/tools/ragged_check.py); BENCH_FIXED_ARGS: options it always gets; FIELDS:
+# the comma-separated row fields to compare instead of ours_ms (rows without one are
+# left out), e.g. BENCH=benchmarks/bench_features.py BENCH_FIXED_ARGS= \
+# FIELDS=plain_ms,softcap_ms compare_trees.sh "--only cost" 2 trees/main .
 bench=${BENCH:-benchmarks/bench.py} fixed_args=${BENCH_FIXED_ARGS---no-check}
 here=$(pwd)
 out=${OUT:-/tmp/fmha_out}/compare
@@ -36,16 +39,20 @@ for r in $(seq "$rounds"); do
        --json "$out/$(tag "$t")_$r.json" 2>/dev/null | tail -n +3)
   done
 done
-python3 - "$out" "$@" <<'PY'
+FIELDS=${FIELDS:-ours_ms} python3 - "$out" "$@" <<'PY'
 import glob, json, os, statistics, sys
 out, trees = sys.argv[1], sys.argv[2:]
+fields = os.environ["FIELDS"].split(",")
 tag = lambda t: "".join(c if c.isalnum() or c == "_" else "_" for c in t)
 ms = {}
 for t in trees:
     for path in glob.glob(os.path.join(out, tag(t) + "_*.json")):
         for row in json.load(open(path))["rows"]:
-            ms.setdefault(tuple(row["shape"]), {}).setdefault(t, []).append(row["ours_ms"])
-print("median ours_ms over rounds; ratio = tree / " + trees[0])
+            for f in fields:
+                if f in row:
+                    key = tuple(row["shape"]) + ((f,) if len(fields) > 1 else ())
+                    ms.setdefault(key, {}).setdefault(t, []).append(row[f])
+print(f"median {'/'.join(fields)} over rounds; ratio = tree / " + trees[0])
 print(f"{'shape':40s}" + "".join(f"{t[-14:]:>16s}" for t in trees) + "".join(f"{'ratio ' + t[-8:]:>16s}" for t in trees[1:]))
 for shape, per in ms.items():
     med = [statistics.median(per[t]) if t in per else None for t in trees]
