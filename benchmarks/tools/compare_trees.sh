@@ -30,7 +30,8 @@ out=${OUT:-/tmp/fmha_out}/compare
 mkdir -p "$out"
 tree_path() { if [ -d "$here/$1/src/fmha_native" ]; then echo "$here/$1/src"; else echo "$here/$1"; fi; }
 tag() { echo "$1" | tr -c 'A-Za-z0-9_\n' '_'; }
-bash "$here/benchmarks/tools/build_trees.sh" "$@"
+# NO_BUILD=1: the trees were built earlier in this call (build_trees.sh)
+[ -n "${NO_BUILD:-}" ] || bash "$here/benchmarks/tools/build_trees.sh" "$@"
 for r in $(seq "$rounds"); do
   for t in "$@"; do
     echo "== $t (round $r)"
