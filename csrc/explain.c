@@ -147,10 +147,12 @@ static void gpu_head_dims(char *buf, size_t len)
 static void sm90_only_refusal(const fmha_fwd_params *p, const fmha_target *t, const fmha_gate_item *g,
                               char *buf, size_t len)
 {
-    char why[160];
-    if (!sm90_why_text(p, (fmha_sm90_why)g->b, t, why, sizeof why))
-        snprintf(why, sizeof why, "it runs on NVIDIA compute capability 9.x only");
-    snprintf(buf, len, "only the Hopper prefill kernel has head_dim %lld tiles, and %s", (long long)g->a, why);
+    const int n = snprintf(buf, len, "only the Hopper prefill kernel has head_dim %lld tiles, and ",
+                           (long long)g->a);
+    if (n < 0 || (size_t)n >= len)
+        return;
+    if (!sm90_why_text(p, (fmha_sm90_why)g->b, t, buf + n, len - (size_t)n))
+        snprintf(buf + n, len - (size_t)n, "it runs on NVIDIA compute capability 9.x only");
 }
 
 /* What a gate item checked and found (the explain() gate's "why"). */
@@ -275,10 +277,10 @@ static void requirement(const fmha_fwd_params *p, const fmha_plan *plan, const f
                 snprintf(buf, len, "head_dim %lld is not supported by the GPU kernels (they cover %s)",
                          (long long)g->a, dims);
             } else {
-                char why[224];
-                sm90_only_refusal(p, t, g, why, sizeof why);
-                snprintf(buf, len, "head_dim %lld is not supported by the GPU kernels here: %s",
-                         (long long)g->a, why);
+                const int n = snprintf(buf, len, "head_dim %lld is not supported by the GPU kernels here: ",
+                                       (long long)g->a);
+                if (n >= 0 && (size_t)n < len)
+                    sm90_only_refusal(p, t, g, buf + n, len - (size_t)n);
             }
         }
         return;
