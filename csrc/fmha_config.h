@@ -138,6 +138,19 @@
 #define FMHA_SM90_PINGPONG 1
 #define FMHA_SM90_PINGPONG_MIN_HEAD_DIM (FMHA_SM90_D64_CONSUMERS >= 3 ? 64 : 128)
 #define FMHA_SM90_PINGPONG_MIN_BLOCKS 16
+/*
+ * Wide key blocks: ping-pong tiles without a softcap walk FMHA_SM90_WIDE_BLOCK_N keys per
+ * block, from a row's `bn` above (the narrow tiles', of which sm90_schedule() counts
+ * blocks): 176 at head_dim 128 (S = Q K^T as m64n176k16, 88 floats a thread; Q 32 KB +
+ * two stages of K and V, 4 x 44 KB), where each softmax pass, row reduction and O rescale
+ * covers 1.375x the keys.  Ping-pong rows are long, so the partial last block costs
+ * little; short interleaved rows and the softcap (its tanh over 88 scores a thread) ran
+ * slower with 176 (NOTES.md).
+ */
+#ifndef FMHA_SM90_D128_WIDE_BLOCK_N
+#define FMHA_SM90_D128_WIDE_BLOCK_N 176
+#endif
+#define FMHA_SM90_WIDE_BLOCK_N(hd, bn) ((hd) == 128 ? FMHA_SM90_D128_WIDE_BLOCK_N : (bn))
 
 /* One-warp walkers per decode CTA.  AMD: a workgroup has 64 KB of LDS, one
  * walker's worth there (its ring is one stage deep: mma_amd.h). */

@@ -69,13 +69,23 @@ constexpr int TURN_BARRIER = 1 + MAX_CONSUMERS; /* named barrier TURN_BARRIER + 
  * long and it takes three (a 192-row tile; FMHA_SM90_D64_CONSUMERS in
  * fmha_config.h, whose tile table says the same).
  */
-template <int HEAD_DIM> struct tile_shape {
+/*
+ * How the consumer warpgroups share the tensor cores:
+ *   INTERLEAVED  each issues its products as soon as its data is there
+ *   PINGPONG     they take turns issuing (named barriers), so one's softmax
+ *                runs while the others' products do
+ */
+enum schedule { INTERLEAVED = 0, PINGPONG = 1 };
+
+template <int HEAD_DIM, bool WIDE> struct tile_shape {
     static constexpr int consumers = HEAD_DIM <= 64 ? FMHA_SM90_D64_CONSUMERS : 2;
     static constexpr int block_m = consumers * WGMMA_M;         /* query rows per CTA */
     /* keys per main-loop step: 128, but 112 at head_dim 192, where two stages of 128-key K and
      * V (48 KB each) next to Q (48 KB) would not fit (smem_plan), and 80 at 256, where O takes
-     * 128 registers a thread and Q 64 KB (two stages of 80-key K and V: 160 KB) */
-    static constexpr int block_n = HEAD_DIM > 192 ? 80 : HEAD_DIM > 128 ? 112 : 128;
+     * 128 registers a thread and Q 64 KB (two stages of 80-key K and V: 160 KB); WIDE tiles
+     * (wide_blocks() below) may take wider blocks (fmha_config.h) */
+    static constexpr int narrow_block_n = HEAD_DIM > 192 ? 80 : HEAD_DIM > 128 ? 112 : 128;
+    static constexpr int block_n = WIDE ? FMHA_SM90_WIDE_BLOCK_N(HEAD_DIM, narrow_block_n) : narrow_block_n;
     static constexpr int threads = (1 + consumers) * WARPGROUP_THREADS;
     /* the registers the producer gives up, shared by the consumers (setmaxnreg: multiples of 8) */
     static constexpr int consumer_regs =
@@ -85,13 +95,6 @@ template <int HEAD_DIM> struct tile_shape {
     static_assert(consumer_regs <= 256, "setmaxnreg's ceiling");
 };
 
-/*
- * How the consumer warpgroups share the tensor cores:
- *   INTERLEAVED  each issues its products as soon as its data is there
- *   PINGPONG     they take turns issuing (named barriers), so one's softmax
- *                runs while the others' products do
- */
-enum schedule { INTERLEAVED = 0, PINGPONG = 1 };
 constexpr float LN2 = 0.693147180559945309f;
 constexpr float LOG2E = 1.44269504088896341f;
 
@@ -102,12 +105,12 @@ constexpr float LOG2E = 1.44269504088896341f;
  * (and a store drops them).  S then runs over the head_dim features only, and
  * O += P V over all `cols` (zero V columns give zero O columns, never read).
  */
-template <int HEAD_DIM> struct smem_plan {
+template <int HEAD_DIM, bool WIDE> struct smem_plan {
     static constexpr int panels = (HEAD_DIM + PANEL_COLS - 1) / PANEL_COLS;
     static constexpr int cols = panels * PANEL_COLS; /* O's columns, as P V computes them */
     static constexpr int stages = HEAD_DIM <= 64 ? 3 : 2; /* 3 at d128 fit in 227 KB but gain nothing */
-    static constexpr int q_panel = tile_shape<HEAD_DIM>::block_m * SWIZZLE_ROW_BYTES;
-    static constexpr int kv_panel = tile_shape<HEAD_DIM>::block_n * SWIZZLE_ROW_BYTES;
+    static constexpr int q_panel = tile_shape<HEAD_DIM, WIDE>::block_m * SWIZZLE_ROW_BYTES;
+    static constexpr int kv_panel = tile_shape<HEAD_DIM, WIDE>::block_n * SWIZZLE_ROW_BYTES;
     static constexpr int q_bytes = panels * q_panel;
     static constexpr int kv_bytes = panels * kv_panel; /* one stage of K or of V */
     static constexpr int q_off = 0;
@@ -125,9 +128,10 @@ template <int HEAD_DIM> struct smem_plan {
 /* The planner sizes tiles and splits from fmha_config.h's rows: they must be these constants
  * (one CTA per SM: __launch_bounds__(threads, 1) below; one walker, no split partials). */
 #define FMHA_SM90_CHECK_ROW(hd, bm, bn, w, st, ctas, wk)                                             \
-    static_assert(bm == tile_shape<hd>::block_m && bn == tile_shape<hd>::block_n &&                                  \
-                      (w) * WARP_LANES == tile_shape<hd>::threads &&                                 \
-                      st == smem_plan<hd>::stages && ctas == 1 && wk == 1,                           \
+    static_assert(bm == tile_shape<hd, false>::block_m && bn == tile_shape<hd, false>::block_n &&                    \
+                      (w) * WARP_LANES == tile_shape<hd, false>::threads &&                          \
+                      st == smem_plan<hd, false>::stages && st == smem_plan<hd, true>::stages &&     \
+                      ctas == 1 && wk == 1,                                                          \
                   "FMHA_GPU_SM90_CONFIGS row for head_dim " #hd " matches the sm90 kernel");
 FMHA_GPU_SM90_CONFIGS(FMHA_SM90_CHECK_ROW)
 #undef FMHA_SM90_CHECK_ROW
@@ -178,6 +182,13 @@ struct tensor_maps {
  */
 enum mask_kind { MASK_NONE = 0, MASK_CAUSAL = 1, MASK_WINDOW = 2 };
 enum feature_bits { FEATURE_SOFTCAP = 1, FEATURE_SINKS = 2 };
+
+/* Whether an instance walks wide key blocks (tile_shape): ping-pong tiles without a softcap,
+ * as plan.c's rule (fmha_config.h says why). */
+constexpr bool wide_blocks(int schedule, int features)
+{
+    return schedule == PINGPONG && !(features & FEATURE_SOFTCAP);
+}
 
 /* Keys a row sees before / after its position; negative = unbounded. */
 struct window {
@@ -258,9 +269,9 @@ __device__ __forceinline__ sequence sequence_of(const fmha_fwd_params &p, int b)
 
 #if FMHA_HAS_WGMMA
 /* The tile products of one consumer warpgroup (its 64 rows), from descriptors built once. */
-template <typename T, int HEAD_DIM> struct tile_products {
-    using plan = smem_plan<HEAD_DIM>;
-    static constexpr int BLOCK_N = tile_shape<HEAD_DIM>::block_n;
+template <typename T, int HEAD_DIM, bool WIDE> struct tile_products {
+    using plan = smem_plan<HEAD_DIM, WIDE>;
+    static constexpr int BLOCK_N = tile_shape<HEAD_DIM, WIDE>::block_n;
     static constexpr int K_STEP_BYTES = WGMMA_K * 2; /* 16 features of a 128-byte row */
     static constexpr int K_STEPS_PER_PANEL = SWIZZLE_ROW_BYTES / K_STEP_BYTES;
     uint64_t q_desc, k_desc, v_desc;
@@ -421,14 +432,16 @@ __device__ __forceinline__ void p_operands(uint32_t (&p)[SN / 8][4], const float
 #endif /* FMHA_HAS_WGMMA */
 
 template <typename T, int HEAD_DIM, int MASK, int FEATURES, int SCHEDULE>
-__global__ void __launch_bounds__(tile_shape<HEAD_DIM>::threads, 1)
+__global__ void __launch_bounds__(tile_shape<HEAD_DIM, wide_blocks(SCHEDULE, FEATURES)>::threads, 1)
 fwd_sm90_kernel(const __grid_constant__ tensor_maps maps, const fmha_fwd_params p)
 {
 #if FMHA_HAS_WGMMA
-    using plan = smem_plan<HEAD_DIM>;
+    constexpr bool WIDE = wide_blocks(SCHEDULE, FEATURES);
+    using plan = smem_plan<HEAD_DIM, WIDE>;
+    using shape = tile_shape<HEAD_DIM, WIDE>;
     constexpr int STAGES = plan::stages;
-    constexpr int BLOCK_M = tile_shape<HEAD_DIM>::block_m, CONSUMERS = tile_shape<HEAD_DIM>::consumers;
-    constexpr int BLOCK_N = tile_shape<HEAD_DIM>::block_n;
+    constexpr int BLOCK_M = shape::block_m, CONSUMERS = shape::consumers;
+    constexpr int BLOCK_N = shape::block_n;
     extern __shared__ unsigned char smem_raw[];
     /* The 128-byte swizzle repeats every 1024 bytes: align the base to it. */
     const uint32_t raw = smem_addr(smem_raw);
@@ -502,11 +515,11 @@ fwd_sm90_kernel(const __grid_constant__ tensor_maps maps, const fmha_fwd_params 
         }
     } else {
         /* ---- consumers: 64 rows each ---- */
-        warpgroup_reg_alloc<tile_shape<HEAD_DIM>::consumer_regs>();
+        warpgroup_reg_alloc<shape::consumer_regs>();
         const int consumer = warpgroup - 1;
         const int tid = (int)threadIdx.x % WARPGROUP_THREADS, warp = tid / WARP_LANES, lane = tid % WARP_LANES;
         const int row_in_tile = consumer * WGMMA_M + warp * 16 + lane / LANES_PER_ROW; /* + 8 * half */
-        const tile_products<T, HEAD_DIM> mma(base, consumer);
+        const tile_products<T, HEAD_DIM, WIDE> mma(base, consumer);
 
         /*
          * Masks: block j needs one when it runs past seqlen_k, past the window's end
@@ -744,25 +757,25 @@ fwd_sm90_kernel(const __grid_constant__ tensor_maps maps, const fmha_fwd_params 
 #endif /* FMHA_HAS_WGMMA */
 }
 
-/* Dynamic shared memory of the kernel for HEAD_DIM. */
-template <int HEAD_DIM> constexpr int smem_bytes() { return smem_plan<HEAD_DIM>::bytes; }
 
 template <typename T, int HEAD_DIM, int MASK, int FEATURES, int SCHEDULE>
 inline cudaError_t launch_instance(const tensor_maps &maps, const fmha_fwd_params &p, dim3 grid)
 {
     auto kernel = fwd_sm90_kernel<T, HEAD_DIM, MASK, FEATURES, SCHEDULE>;
+    using shape = tile_shape<HEAD_DIM, wide_blocks(SCHEDULE, FEATURES)>;
+    constexpr int smem = smem_plan<HEAD_DIM, wide_blocks(SCHEDULE, FEATURES)>::bytes;
     /* The shared-memory limit is an attribute per device: set it once on each (a bit per
      * ordinal; past 64 devices on every call). */
     static std::atomic<uint64_t> smem_allowed{0};
     const uint64_t bit = p.device >= 0 && p.device < 64 ? 1ull << p.device : 0;
     if (!bit || !(smem_allowed.load(std::memory_order_acquire) & bit)) {
         cudaError_t err =
-            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes<HEAD_DIM>());
+            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
         if (err != cudaSuccess)
             return err;
         smem_allowed.fetch_or(bit, std::memory_order_release);
     }
-    kernel<<<grid, tile_shape<HEAD_DIM>::threads, smem_bytes<HEAD_DIM>(), (cudaStream_t)p.stream>>>(maps, p);
+    kernel<<<grid, shape::threads, smem, (cudaStream_t)p.stream>>>(maps, p);
     return cudaGetLastError();
 }
 
@@ -824,14 +837,15 @@ inline cudaError_t launch_head_dim(const tensor_maps &maps, const fmha_fwd_param
     }
 }
 
-/* The tile's query rows and key block for a head_dim with an instance (false: none). */
-inline bool tile_of(int64_t head_dim, int *block_m, int *block_n)
+/* The tile's query rows and key block for a head_dim with an instance (false: none), of
+ * wide or narrow tiles (wide_blocks()). */
+inline bool tile_of(int64_t head_dim, bool wide, int *block_m, int *block_n)
 {
     switch (head_dim) {
 #define FMHA_SM90_TILE_OF(hd)                                                                                       \
     case hd:                                                                                                       \
-        *block_m = tile_shape<hd>::block_m;                                                                        \
-        *block_n = tile_shape<hd>::block_n;                                                                        \
+        *block_m = tile_shape<hd, false>::block_m;                                                                 \
+        *block_n = wide ? tile_shape<hd, true>::block_n : tile_shape<hd, false>::block_n;                          \
         return true;
         FMHA_SM90_TILE_OF(64)
         FMHA_SM90_TILE_OF(96)
@@ -868,7 +882,8 @@ inline fmha_status fmha_sm90_prefill_launch(const fmha_fwd_params &p, cudaError_
     if (p.dtype != FMHA_DTYPE_F16 && p.dtype != FMHA_DTYPE_BF16)
         return FMHA_ERR_UNSUPPORTED;
     int block_m = 0, block_n = 0;
-    if (!tile_of(p.head_dim, &block_m, &block_n))
+    const int features = p.softcap > 0.f ? FEATURE_SOFTCAP : 0; /* the bit wide_blocks() reads */
+    if (!tile_of(p.head_dim, wide_blocks(sched, features), &block_m, &block_n))
         return FMHA_ERR_UNSUPPORTED;
     if (p.seqlens_k || p.k_new || p.v_new || p.seqlen_new != 0 || p.num_splits > 1 || p.block_table)
         return FMHA_ERR_UNSUPPORTED;

@@ -444,6 +444,64 @@ def test_window_tiles_skip_blocks_and_stay_deterministic(torch):
     assert bits(out1) == bits(out2) and bits(lse1) == bits(lse2)
 
 
+# ------------------------------------ d128 ping-pong tiles: 176-key blocks (fmha_config.h)
+
+def explain_pingpong_176(q, k, v, **kw):
+    """The call runs the sm90 kernel's d128 ping-pong tiles, whose key blocks are 176 wide."""
+    plan = fmha_native.explain(q, k, v, **kw)
+    assert plan["kernel"].startswith(SM90) and plan["kernel"].endswith(",pingpong>"), \
+        f"{plan['kernel']}: {plan['reason']}"
+    assert plan["block_n"] == 176, plan
+    return plan
+
+
+# (seqlen_q, seqlen_k, causal): rows that see >= 16 blocks of 128 keys on average (ping-pong),
+# lengths that are not multiples of 176 or of the 128-row tiles, causal with Sq < Sk and with
+# Sq > Sk (the first rows see no key), so diagonal blocks cross tile edges at every offset
+PINGPONG_LENGTHS = [(2100, 4000, False), (5003, 5003, True), (1000, 4500, True),
+                    (4500, 4400, True), (129, 2113, False)]
+
+
+@pytest.mark.parametrize("dtype", ["f16", "bf16"])
+@pytest.mark.parametrize("seqlen_q,seqlen_k,causal", PINGPONG_LENGTHS)
+def test_d128_pingpong_lengths(torch, seqlen_q, seqlen_k, causal, dtype):
+    q, k, v = qkv(torch, batch_for(seqlen_q, 8), seqlen_q, seqlen_k, 8, 2, 128, dtype,
+                  seed=seqlen_q + 7 * seqlen_k)
+    explain_pingpong_176(q, k, v, causal=causal)
+    check(q, k, v, dtype, causal=causal)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_d128_pingpong_features_and_packed(torch, causal):
+    """A window (wide enough for ping-pong) with sinks on the wide tiles, then with a
+    softcap too (ping-pong on 128-key blocks); packed sequences of other lengths (one
+    empty, one under a block)."""
+    kw = dict(causal=causal, window=(2300, -1 if causal else 150), sinks=sinks_for(torch, 8))
+    q, k, v = qkv(torch, 1, 5003, 5003, 8, 2, 128, "bf16", seed=80 + causal)
+    explain_pingpong_176(q, k, v, **kw)
+    check_features(q, k, v, "bf16", **kw)
+    kw["softcap"] = 6.0
+    plan = fmha_native.explain(q, k, v, **kw)
+    assert plan["kernel"].endswith(",pingpong>") and plan["block_n"] == 128, plan
+    check_features(q, k, v, "bf16", **kw)
+    lengths = [2500, 4133, 0, 100]
+    q, cu = packed(torch, lengths, 8, 128, "bf16", seed=82)
+    k, _ = packed(torch, lengths, 2, 128, "bf16", seed=83)
+    v, _ = packed(torch, lengths, 2, 128, "bf16", seed=84)
+    pkw = dict(causal=causal, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=max(lengths),
+               max_seqlen_k=max(lengths))
+    explain_pingpong_176(q, k, v, **pkw)
+    check_packed(q, k, v, "bf16", **pkw)
+
+
+def test_d128_pingpong_bitwise_deterministic(torch):
+    q, k, v = qkv(torch, 2, 4096, 4096, 16, 4, 128, "bf16", seed=90)
+    explain_pingpong_176(q, k, v, causal=True)
+    out1, lse1 = fmha_native.forward(q, k, v, causal=True)
+    out2, lse2 = fmha_native.forward(q, k, v, causal=True)
+    assert bits(out1) == bits(out2) and bits(lse1) == bits(lse2)
+
+
 def test_narrow_window_takes_the_interleaved_schedule(torch):
     """A row of a (100, 0) window sees 101 keys however long the sequence: too few key
     blocks for ping-pong (plan.c sm90_schedule), which the plain causal call takes."""

@@ -159,8 +159,10 @@ def test_sm90_runs_hopper_prefill(device, head_dim, dtype, causal):
     assert is_sm90(plan), plan["reason"]
     assert plan["kernel"].startswith(f"fwd_sm90<{dtype},d{head_dim}" + (",causal," if causal else ","))
     # 64 rows per consumer warpgroup: three at head_dim 64, two from 96 up; 112-key blocks
-    # at 192 (two stages of 128 keys would not fit the shared memory next to Q)
-    block_m, block_n = {64: (192, 128), 96: (128, 128), 128: (128, 128), 192: (128, 112)}[head_dim]
+    # at 192 (two stages of 128 keys would not fit the shared memory next to Q); these
+    # rows see >= 16 blocks (ping-pong), whose d128 tiles take 176-key blocks
+    assert plan["kernel"].endswith(",pingpong>"), plan["kernel"]
+    block_m, block_n = {64: (192, 128), 96: (128, 128), 128: (128, 176), 192: (128, 112)}[head_dim]
     assert plan["block_m"] == block_m and plan["block_n"] == block_n
     assert plan["num_splits"] == 1 and plan["walkers_per_split"] == 1
     assert plan["pack_gqa"] is False and "+combine" not in plan["kernel"]
@@ -186,6 +188,12 @@ def test_sm90_schedule(head_dim, causal, seqlen, schedule):
     assert is_sm90(plan), plan["reason"]
     assert plan["kernel"].endswith(f",{schedule}>"), plan["kernel"]
     assert ("ping-pong" in plan["reason"]) is (schedule == "pingpong")
+    # the d128 ping-pong tiles walk 176-key blocks; the schedule rule counts 128-key ones
+    assert plan["block_n"] == (176 if (head_dim, schedule) == (128, "pingpong") else 128)
+    # ... except with a softcap (narrow blocks, same schedule)
+    capped = plan_for(prefill(head_dim=head_dim, causal=causal, seqlen_q=seqlen, seqlen_k=seqlen,
+                              softcap=30), H100_SM90)
+    assert capped["kernel"].endswith(f",{schedule}>") and capped["block_n"] == 128, capped
 
 
 @pytest.mark.parametrize("built", [["80"], ["80", "90"], [], ["90a"]])
