@@ -300,6 +300,11 @@ typedef struct fmha_combine_params {
     void *stream;
     int device;
     int num_threads;
+    /* GPU: the split count the combine's threads are laid out for (0: num_splits).  A
+     * plan of device-sized chunks fills about device_pieces / batch of its num_splits
+     * slots per entry (the rest hold lse = -inf): laid out for those, half the CTAs
+     * fold the same partials.  Any value covers every split. */
+    int64_t shape_splits;
 } fmha_combine_params;
 
 /* Rows of each GPU tile table (fmha_config.h) that device info can describe. */

@@ -216,7 +216,7 @@ template <typename TIn, typename TOut> fmha_status launch_typed(const fmha_combi
 {
     const int64_t rows = c.batch * c.seqlen_q * c.heads;
     const bool vec = vector_partials<TIn>(c);
-    const combine_shape shape(c.head_dim, c.num_splits, vec ? 4 : 1);
+    const combine_shape shape(c.head_dim, c.shape_splits > 0 ? c.shape_splits : c.num_splits, vec ? 4 : 1);
     const int64_t ctas = (rows + shape.rows - 1) / shape.rows;
     if (ctas == 0)
         return FMHA_OK;

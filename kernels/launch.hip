@@ -203,6 +203,10 @@ fmha_combine_params scratch_combine(const fmha_fwd_params &p)
     const int64_t scratch_rows = p.cu_seqlens_q ? p.total_q : p.seqlen_q;
     fmha_combine_params c = {};
     c.num_splits = p.num_splits;
+    if (p.device_pieces > 0 && p.batch > 0) {
+        const int64_t filled = (p.device_pieces + p.batch - 1) / p.batch + 1;
+        c.shape_splits = filled < p.num_splits ? filled : p.num_splits;
+    }
     c.batch = p.batch;
     c.seqlen_q = p.seqlen_q;
     c.cu_seqlens_q = p.cu_seqlens_q;
