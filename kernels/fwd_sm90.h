@@ -185,7 +185,7 @@ enum feature_bits { FEATURE_SOFTCAP = 1, FEATURE_SINKS = 2 };
 
 /* Whether an instance walks wide key blocks (tile_shape): ping-pong tiles without a softcap,
  * as plan.c's rule (fmha_config.h says why). */
-constexpr bool wide_blocks(int schedule, int features)
+__host__ __device__ constexpr bool wide_blocks(int schedule, int features)
 {
     return schedule == PINGPONG && !(features & FEATURE_SOFTCAP);
 }

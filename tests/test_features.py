@@ -553,7 +553,8 @@ def test_gpu_plan_counts_only_the_visible_key_blocks(seqlen_q):
         assert forced["num_splits"] == forced["split"]["key_blocks"]
         assert forced["num_splits"] == -(-(rows_f + 1024) // forced["block_n"]) + 1
         plain = _fmha_native._plan_for_device(dict(problem, window_left=-1), H100)
-        assert plain["split"]["key_blocks"] == split["all_key_blocks"]
+        # (its key blocks may be wider: the d128 ping-pong tiles walk 176 keys a block)
+        assert plain["split"]["key_blocks"] == -(-seqlen_k // plain["block_n"])
         assert "skips" not in plain["reason"]
     assert counts[0] == counts[1]
 
