@@ -9,7 +9,8 @@
 #                                                    (sm90_check --feature-speed), time ratios last
 # Needs nvcc 12.8+ and a cc 9.x GPU.  The binary goes to ${OUT:-/tmp}/sm90_check; ptxas's
 # report (registers, spills) to ${OUT:-/tmp}/sm90_check.ptxas.txt.  SM90_FLAGS adds nvcc flags
-# (e.g. -DFMHA_SM90_D64_CONSUMERS=2 to build a variant; sm90_variants.sh does that).
+# (e.g. -DFMHA_SM90_D64_CONSUMERS=2 to build a variant; sm90_variants.sh does that).  The
+# kernel instances are compiled from kernels/fwd_sm90_d*.hip (fwd_sm90.h declares them extern).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 out=${OUT:-/tmp}
@@ -17,7 +18,7 @@ NVCC=${NVCC:-nvcc}
 command -v "$NVCC" >/dev/null || NVCC=/usr/local/cuda/bin/nvcc
 "$NVCC" -std=c++17 -O3 -I csrc -I kernels -DFMHA_WITH_CUDA=1 \
   -gencode=arch=compute_90a,code=sm_90a -Werror=all-warnings -Xptxas -v,-warn-spills ${SM90_FLAGS:-} \
-  benchmarks/tools/sm90_check.cu -o "$out/sm90_check" 2> "$out/sm90_check.ptxas.txt" || {
+  -x cu benchmarks/tools/sm90_check.cu kernels/fwd_sm90_d*.hip -o "$out/sm90_check" 2> "$out/sm90_check.ptxas.txt" || {
   cat "$out/sm90_check.ptxas.txt"; exit 1; }
 # the prefill kernels' lines of the report: registers, stack, spills
 { grep -A3 "Compiling entry function '_ZN4fmha4sm90" "$out/sm90_check.ptxas.txt" | grep -E "stack frame|registers" | sort | uniq -c; } || true
