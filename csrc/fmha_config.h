@@ -151,6 +151,8 @@
 #define FMHA_SM90_D128_WIDE_BLOCK_N 176
 #endif
 #define FMHA_SM90_WIDE_BLOCK_N(hd, bn) ((hd) == 128 ? FMHA_SM90_D128_WIDE_BLOCK_N : (bn))
+/* Which tiles are wide: the rule plan.c plans by and fwd_sm90.h compiles by. */
+#define FMHA_SM90_WIDE_BLOCKS(schedule, softcapped) ((schedule) == FMHA_SM90_PINGPONG && !(softcapped))
 
 /* One-warp walkers per decode CTA.  AMD: a workgroup has 64 KB of LDS, one
  * walker's worth there (its ring is one stage deep: mma_amd.h). */

@@ -747,8 +747,8 @@ static void plan_kernel(const fmha_fwd_params *p, const fmha_target *t, int kern
     plan->walkers_per_split = 1;
     plan->kv_read_once = 0;
     plan->schedule = kernel == FMHA_KERNEL_GPU_SM90 ? sm90_schedule(p, tiles.block_n) : 0;
-    /* wide key blocks: ping-pong without a softcap (fmha_config.h; fwd_sm90.h wide_blocks) */
-    if (kernel == FMHA_KERNEL_GPU_SM90 && plan->schedule == FMHA_SM90_PINGPONG && !(p->softcap > 0.f))
+    /* wide key blocks: ping-pong without a softcap (fmha_config.h) */
+    if (kernel == FMHA_KERNEL_GPU_SM90 && FMHA_SM90_WIDE_BLOCKS(plan->schedule, p->softcap > 0.f))
         plan->block_n = tiles.block_n = FMHA_SM90_WIDE_BLOCK_N(p->head_dim, tiles.block_n);
     memset(&plan->split, 0, sizeof plan->split);
     /* host cache_seqlens or cu_seqlens_k: the glue passes their sum */

@@ -183,11 +183,10 @@ struct tensor_maps {
 enum mask_kind { MASK_NONE = 0, MASK_CAUSAL = 1, MASK_WINDOW = 2 };
 enum feature_bits { FEATURE_SOFTCAP = 1, FEATURE_SINKS = 2 };
 
-/* Whether an instance walks wide key blocks (tile_shape): ping-pong tiles without a softcap,
- * as plan.c's rule (fmha_config.h says why). */
+/* Whether an instance walks wide key blocks (tile_shape): plan.c's rule (fmha_config.h). */
 __host__ __device__ constexpr bool wide_blocks(int schedule, int features)
 {
-    return schedule == PINGPONG && !(features & FEATURE_SOFTCAP);
+    return FMHA_SM90_WIDE_BLOCKS(schedule, (features & FEATURE_SOFTCAP) != 0);
 }
 
 /* Keys a row sees before / after its position; negative = unbounded. */
@@ -757,13 +756,12 @@ fwd_sm90_kernel(const __grid_constant__ tensor_maps maps, const fmha_fwd_params 
 #endif /* FMHA_HAS_WGMMA */
 }
 
-
 template <typename T, int HEAD_DIM, int MASK, int FEATURES, int SCHEDULE>
 inline cudaError_t launch_instance(const tensor_maps &maps, const fmha_fwd_params &p, dim3 grid)
 {
     auto kernel = fwd_sm90_kernel<T, HEAD_DIM, MASK, FEATURES, SCHEDULE>;
-    using shape = tile_shape<HEAD_DIM, wide_blocks(SCHEDULE, FEATURES)>;
-    constexpr int smem = smem_plan<HEAD_DIM, wide_blocks(SCHEDULE, FEATURES)>::bytes;
+    constexpr bool WIDE = wide_blocks(SCHEDULE, FEATURES);
+    constexpr int smem = smem_plan<HEAD_DIM, WIDE>::bytes;
     /* The shared-memory limit is an attribute per device: set it once on each (a bit per
      * ordinal; past 64 devices on every call). */
     static std::atomic<uint64_t> smem_allowed{0};
@@ -775,7 +773,7 @@ inline cudaError_t launch_instance(const tensor_maps &maps, const fmha_fwd_param
             return err;
         smem_allowed.fetch_or(bit, std::memory_order_release);
     }
-    kernel<<<grid, shape::threads, smem, (cudaStream_t)p.stream>>>(maps, p);
+    kernel<<<grid, tile_shape<HEAD_DIM, WIDE>::threads, smem, (cudaStream_t)p.stream>>>(maps, p);
     return cudaGetLastError();
 }
 
