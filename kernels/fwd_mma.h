@@ -173,11 +173,13 @@ struct plain_copy {
 /*
  * The same for rows that are evenly spaced in global memory (K and V): one
  * running pointer instead of one per copied chunk, and rows at or past
- * `valid_rows` zero-filled; put (plain_copy or hinted_copy) writes the tile.
+ * `valid_rows` zero-filled; put (plain_copy or hinted_copy) writes the tile.  The
+ * zero-filling copies read nothing but still name an address: any_valid, one that
+ * stays the same from tile to tile, so that no instruction works it out per tile.
  */
 template <int ROWS, int HEAD_DIM, int THREADS, typename T, typename Copy>
 __device__ __forceinline__ void load_rows(const Copy &put, const T *first_row, int64_t row_stride,
-                                          int64_t valid_rows, int tid)
+                                          int64_t valid_rows, const T *any_valid, int tid)
 {
     using tile = smem_tile<ROWS, stored_cols<T, HEAD_DIM>(), sizeof(T) == 1>;
     static_assert(THREADS % tile::LOAD_CHUNKS == 0, "a pass of the threads copies whole rows");
@@ -188,11 +190,12 @@ __device__ __forceinline__ void load_rows(const Copy &put, const T *first_row, i
         return;
     const int64_t pass_stride = ROWS_PER_PASS * row_stride;
     const T *src = first_row + row0 * row_stride + chunk * chunk_elems<T>();
+    const int valid_here = valid_rows <= 0 ? 0 : valid_rows < ROWS ? (int)valid_rows : ROWS;
 #pragma unroll
     for (int i = 0; i < ROWS / ROWS_PER_PASS; i++, src += pass_stride) {
         const int row = row0 + i * ROWS_PER_PASS;
-        const bool valid = row < valid_rows;
-        put(tile::offset(row, chunk) * 2, valid ? src : first_row, valid);
+        const bool valid = row < valid_here;
+        put(tile::offset(row, chunk) * 2, valid ? src : any_valid, valid);
     }
 }
 
@@ -1258,7 +1261,7 @@ template <typename T, typename cfg, bool PAGED, bool KV8> struct kv_ring {
     unsigned char *s_k, *s_v;  /* stage 0 of the K and V rings */
     T *wide_k, *wide_v;        /* KV8: the widened tiles */
     float k_factor, v_factor;  /* KV8: the dequantization factors (else 1) */
-    uint64_t policy;
+    uint64_t policy;           /* the copies' L2 word: the kernel's kv_policy argument */
     int tid;
     /* PAGED: the table cursor, and the pages of the block the next refill loads (fetched
      * one block ahead: see paged_rows).  Empty for dense K/V. */
@@ -1268,12 +1271,12 @@ template <typename T, typename cfg, bool PAGED, bool KV8> struct kv_ring {
     /* The ring's stages start after the walker's Q tile, the widened tiles (KV8) at
      * wide_tiles_offset. */
     __device__ __forceinline__ kv_ring(const fmha_fwd_params &p_, const cta_work &w_, const KT *k_, const KT *v_,
-                                       unsigned char *walker_smem, int tid_)
+                                       unsigned char *walker_smem, uint64_t policy_, int tid_)
         : p(p_), w(w_), k(k_), v(v_), s_k(walker_smem + shape::q_tile::BYTES),
           s_v(walker_smem + shape::q_tile::BYTES + STAGES * STAGE_BYTES),
           wide_k(reinterpret_cast<T *>(walker_smem + wide_tiles_offset<cfg, KV8>())),
           wide_v(wide_k + shape::kv_tile::ELEMS), k_factor(1.f), v_factor(1.f),
-          policy(p_.kv_read_once ? L2_EVICT_FIRST : L2_EVICT_NORMAL), tid(tid_),
+          policy(policy_), tid(tid_),
           cursor(p_, w_.n_first, w_.n_step, tid_)
     {
         if constexpr (KV8) {
@@ -1330,10 +1333,10 @@ template <typename T, typename cfg, bool PAGED, bool KV8> struct kv_ring {
         } else {
             load_rows<BLOCK_N, HEAD_DIM, shape::THREADS>(kv_copy(s_k + stage * STAGE_BYTES, policy),
                                                          k + key0 * p.k_row_stride, p.k_row_stride, w.len_k - key0,
-                                                         tid);
+                                                         k, tid);
             load_rows<BLOCK_N, HEAD_DIM, shape::THREADS>(kv_copy(s_v + stage * STAGE_BYTES, policy),
                                                          v + key0 * p.v_row_stride, p.v_row_stride, w.len_k - key0,
-                                                         tid);
+                                                         v, tid);
         }
     }
 
@@ -1731,11 +1734,11 @@ __device__ __forceinline__ void merge_walkers(const Addr &at, const cta_work &w,
  * Q tile and passes its key blocks through its K/V ring (kv_ring) into the
  * main loop (walk_keys), then writes its rows (write_rows) or merges them
  * with the other walkers of its split (merge_walkers).  KV8: K and V are an fp8
- * cache (kv_ring widens it).
+ * cache (kv_ring widens it).  kv_policy: the L2 word of the K/V copies (kv_l2_policy).
  */
 template <typename T, typename cfg, int MASK, bool SPLIT, bool PAGED, bool KV8>
 __global__ void __launch_bounds__(cfg::warps * WARP_LANES, cfg::ctas_per_sm)
-fwd_mma_kernel(const fmha_fwd_params p)
+fwd_mma_kernel(const fmha_fwd_params p, const uint64_t kv_policy)
 {
     using shape = walker_shape<cfg, KV8>;
     using MT = product_type<T, KV8>;
@@ -1779,7 +1782,7 @@ fwd_mma_kernel(const fmha_fwd_params p)
         return;
     }
     const ring_t ring(p, w, at.template k<typename ring_t::KT>(), at.template v<typename ring_t::KT>(),
-                      walker_smem, me.tid);
+                      walker_smem, kv_policy, me.tid);
     ring.fill([&] {
         load_tile<shape::BLOCK_M, shape::HEAD_DIM, shape::THREADS>(
             s_q, at.q, [&](int r) { return at.q_row(r); }, me.tid);

@@ -85,7 +85,8 @@ fmha_status launch_variant(const fmha_fwd_params &p)
     /* Overlapped with the kernel before it where possible (the producer waits for it before
      * touching memory). */
     const hipError_t err = fmha_launch(kernel, dim3((unsigned)ctas), dim3(cfg::warps * WARP_LANES), smem,
-                                       (hipStream_t)p.stream, overlap_launches(p.device), p);
+                                       (hipStream_t)p.stream, overlap_launches(p.device), p,
+                                       kv_l2_policy(p.kv_read_once));
     return err == hipSuccess ? FMHA_OK : record_error("fwd_mma_kernel", err);
 }
 

@@ -89,6 +89,7 @@ __device__ __forceinline__ void copy_async_16(void *dst, const void *src, bool v
 /* No L2-hinted copies (mma_nvidia.h's hinted_copy): fwd_mma.h copies with plain_copy. */
 constexpr bool HAS_L2_HINTS = false;
 constexpr uint64_t L2_EVICT_NORMAL = 0, L2_EVICT_FIRST = 0;
+__host__ __device__ constexpr uint64_t kv_l2_policy(int) { return 0; }
 struct hinted_copy; /* never picked without HAS_L2_HINTS */
 __device__ __forceinline__ void copy_async_commit() {}
 template <int N> __device__ __forceinline__ void copy_async_wait() {}

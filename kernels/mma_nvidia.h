@@ -196,6 +196,14 @@ __device__ __forceinline__ void copy_async_16(void *dst, const void *src, bool v
 constexpr bool HAS_L2_HINTS = true;
 constexpr uint64_t L2_EVICT_NORMAL = 0x1000000000000000ull;
 constexpr uint64_t L2_EVICT_FIRST = 0x12F0000000000000ull;
+/* The word for a plan's kv_read_once, worked out on the host and passed to the kernel
+ * as an argument of its own: ptxas then reads it from the constant bank into the
+ * uniform register each copy names, instead of moving it there from a register before
+ * every group of copies. */
+__host__ __device__ constexpr uint64_t kv_l2_policy(int read_once)
+{
+    return read_once ? L2_EVICT_FIRST : L2_EVICT_NORMAL;
+}
 
 /*
  * 16-byte copies into one shared-memory tile with an L2 policy:
