@@ -96,27 +96,72 @@
 /*
  * Hopper (sm_90a) warp-specialized prefill, one row per head_dim, same fields:
  * one producer warpgroup (TMA loads) and block_m / 64 consumer warpgroups of 64
- * rows (three at head_dim 64, whose products are too short to hide a softmax
- * behind one other warpgroup; two from 96 up), `stages` K and V buffers, one CTA
+ * rows (three at head_dims 32 and 64, whose products are too short to hide a softmax
+ * behind one other warpgroup; two from 80 up), `stages` K and V buffers, one CTA
  * per SM (it holds most of the shared memory and registers).  Head_dim 192 takes
  * 112-key blocks: Q (48 KB) and two stages of 128-key K and V (4 x 48 KB) would
  * pass the 227 KB of shared memory, 112 keys fit (217 KB) with S at 56 floats a
  * thread next to O's 96.  Head_dim 256 takes 80-key blocks (Q 64 KB, two stages of K
  * and V 160 KB; O holds 128 registers a thread) and has no tensor-core tiles below:
- * it runs where this kernel runs (Hopper prefill, one split; plan.c).  Head_dim 96 runs two 64-column panels whose last 32
- * columns TMA fills with zeros (fwd_sm90.h).  kernels/fwd_sm90.h checks its compile-time
- * constants against these rows.  The planner picks it for prefill on cc 9.x
- * when the build has sm_90a code (plan.c says when else).
+ * it runs where this kernel runs (Hopper prefill, one split; plan.c).  Head_dims 80 and 96 run two
+ * 64-column panels whose last 48 or 32 columns TMA fills with zeros (fwd_sm90.h), on the d96
+ * tiles; head_dim 32 runs one panel whose last 32 columns are zeros, on the d64 tiles (the
+ * same panel: the same O registers and shared memory, shorter S products).
+ * kernels/fwd_sm90.h checks its compile-time constants against these rows.  The planner
+ * picks it for prefill on cc 9.x when the build has sm_90a code (plan.c says when else).
+ * The rows are listed in AMD builds too: only NVIDIA cc 9.x plans read them (plan.c
+ * sm90_fit; fmha_plan_sm90_only_head_dim is 0 there), as fwd_sm90.h is NVIDIA only.
  */
 #ifndef FMHA_SM90_D64_CONSUMERS
 #define FMHA_SM90_D64_CONSUMERS 3 /* a build knob for comparisons (sm90_variants.sh) */
+#endif
+/*
+ * Persistent grid (fwd_sm90.h persistent_tiles): the unmasked instances up to head_dim 192
+ * (at 64 only those without a softcap or sinks) run one CTA per SM, each walking tiles
+ * in launch order, so the next tile's K/V loads overlap a tile's epilogue.  0: one tile
+ * per CTA everywhere.  Off until a GPU run has checked it (NOTES.md, known gaps); a build
+ * knob for comparisons (config_variants.sh swaps this line).
+ */
+#ifndef FMHA_SM90_PERSISTENT
+#define FMHA_SM90_PERSISTENT 0
 #endif
 /* A warp skips O *= 1 when no row's max moved, at head_dims up to this (0: never). */
 #ifndef FMHA_SM90_SKIP_UNIT_RESCALE_MAX_HEAD_DIM
 #define FMHA_SM90_SKIP_UNIT_RESCALE_MAX_HEAD_DIM 64
 #endif
+/*
+ * bfloat16 with a softcap c (fwd_sm90.h): every capped score lies in (-c, c), so each
+ * block's exponentials may take one fixed shift instead of the running row max: no row
+ * max, no shuffles, no rescale of O.  The shift is min(c, FLOOR - c) (rounded to a
+ * whole power of two), so the weights e^(s - shift) lie in about (e^-FLOOR,
+ * e^max(0, 2c - FLOOR)): a row's largest weight stays
+ * above e^-63, 24 above fp32's flush to zero (e^-87.3), so each weight that flushes is
+ * under e^-24 of it; O and the row sum grow at most e^(2c - FLOOR) past the running
+ * max's bound (e^37 at c = 50).  Float16's range is too short for it.
+ */
+#ifndef FMHA_SM90_FIXED_SHIFT_MAX_CAP
+#define FMHA_SM90_FIXED_SHIFT_MAX_CAP 50.f /* 0: always the running max */
+#endif
+#define FMHA_SM90_FIXED_SHIFT_FLOOR 63.f
+/*
+ * With that fixed shift, a capped block's exponentials go one 8-key group in this many
+ * to the FMA pipe (fwd_sm90.h exp2_fma) instead of the MUFU pipe, which computes the
+ * tanh of every score too: both on MUFU take as long as the block's two products
+ * (at d128: 16 lanes a cycle for two per score against the tensor cores' 2048
+ * multiply-adds a cycle for 256 per score).  0: all on MUFU, until a GPU run has
+ * measured 2 against it (NOTES.md, known gaps; config_variants.sh swaps this line).
+ */
+#ifndef FMHA_SM90_FMA_EXP2_EVERY
+#define FMHA_SM90_FMA_EXP2_EVERY 0
+#endif
+/* The head dims that take it: the consumers' registers at d32/d64 (160 a thread for
+ * three groups) and d256 (O holds 128 of them) do not hold the FMA pipe's
+ * exponentials without spilling. */
+#define FMHA_SM90_FMA_EXP2_HEAD_DIM(hd) ((hd) >= 80 && (hd) <= 192)
 #define FMHA_GPU_SM90_CONFIGS(X)                                                          \
+    X(32, 64 * FMHA_SM90_D64_CONSUMERS, 128, 4 * (1 + FMHA_SM90_D64_CONSUMERS), 3, 1, 1) \
     X(64, 64 * FMHA_SM90_D64_CONSUMERS, 128, 4 * (1 + FMHA_SM90_D64_CONSUMERS), 3, 1, 1) \
+    X(80, 128, 128, 12, 2, 1, 1)                                                          \
     X(96, 128, 128, 12, 2, 1, 1)                                                          \
     X(128, 128, 128, 12, 2, 1, 1)                                                         \
     X(192, 128, 112, 12, 2, 1, 1)                                                         \
@@ -129,14 +174,15 @@
  * under the others' products.  Ping-pong pays when the products of the other
  * warpgroups are long enough to hide a softmax (head_dim >=
  * FMHA_SM90_PINGPONG_MIN_HEAD_DIM: every head_dim now that d64 tiles have
- * three consumers) and the tiles walk enough key blocks that the turn
+ * three consumers; d32 runs the d64 tiles and follows their rule, though its
+ * S products are half as long) and the tiles walk enough key blocks that the turn
  * hand-offs at a tile's start and end are a small part of it (on average at
  * least FMHA_SM90_PINGPONG_MIN_BLOCKS; causal tiles walk about half the keys);
  * otherwise interleaved is faster.  The rule is plan.c's sm90_schedule().
  */
 #define FMHA_SM90_INTERLEAVED 0
 #define FMHA_SM90_PINGPONG 1
-#define FMHA_SM90_PINGPONG_MIN_HEAD_DIM (FMHA_SM90_D64_CONSUMERS >= 3 ? 64 : 128)
+#define FMHA_SM90_PINGPONG_MIN_HEAD_DIM (FMHA_SM90_D64_CONSUMERS >= 3 ? 32 : 128)
 #define FMHA_SM90_PINGPONG_MIN_BLOCKS 16
 /*
  * Wide key blocks: ping-pong tiles without a softcap walk FMHA_SM90_WIDE_BLOCK_N keys per

@@ -1,12 +1,12 @@
 /*
  * fwd_sm90.h: the warp-specialized Hopper (sm_90a) prefill kernel and its
- * host launcher, NVIDIA only, for head_dims 64, 96, 128, 192 and 256 (one
- * translation unit each: fwd_sm90_d*.hip).  One CTA owns 64 query rows per
- * consumer warpgroup (192 at head_dim 64, 128 above: tile_shape) of one
+ * host launcher, NVIDIA only, for head_dims 32, 64, 80, 96, 128, 192 and 256
+ * (one translation unit each: fwd_sm90_d*.hip).  One CTA owns 64 query rows per
+ * consumer warpgroup (192 at head_dims 32 and 64, 128 above: tile_shape) of one
  * (batch, query head) and walks, 128 keys at a time (112 at head_dim 192, 80 at 256),
  * all the key blocks that those rows can see:
  *
- *   producer warpgroup   one elected lane issues TMA loads: Q once, then K(j)
+ *   producer warpgroup   one elected lane issues TMA loads: Q once a tile, K(j)
  *                        and V(j) into rings of shared-memory stages, each
  *                        stage with a "full" mbarrier (bytes landed) and an
  *                        "empty" one (every consumer is done with it)
@@ -17,6 +17,10 @@
  *                        O = O * rescale + P V(j)      (P in registers)
  *                        and at the end O / l through shared memory and a TMA
  *                        store, lse = (m + log2 l) * ln 2
+ *
+ * Unmasked instances up to head_dim 192 run a persistent grid (persistent_tiles says
+ * which): one CTA per SM takes tile after tile (tile_walk), its rings running on from
+ * one tile to the next; the others run one tile per CTA.
  *
  * Inside a consumer, S(j+1) is issued before the softmax of block j+1 runs,
  * next to O += P(j) V(j), so the tensor cores stay busy during the softmax.
@@ -52,6 +56,7 @@
 
 #include <atomic>
 #include <math.h>
+#include <type_traits>
 
 namespace fmha {
 namespace sm90 {
@@ -67,7 +72,11 @@ constexpr int TURN_BARRIER = 1 + MAX_CONSUMERS; /* named barrier TURN_BARRIER + 
  * under the other warpgroups' products: at head_dim 128 one block's products
  * take about as long as its softmax, so two suffice; at 64 they take half as
  * long and it takes three (a 192-row tile; FMHA_SM90_D64_CONSUMERS in
- * fmha_config.h, whose tile table says the same).
+ * fmha_config.h, whose tile table says the same).  Head_dim 32 takes the d64
+ * tiles (the `<= 64` consumers and stages below): it is the same one 64-column
+ * panel (smem_plan), so O takes the same registers, and its products are
+ * shorter still (S over 32 features).  80 takes the tiles of 96: two panels,
+ * O at 128 columns.
  */
 /*
  * How the consumer warpgroups share the tensor cores:
@@ -100,7 +109,7 @@ constexpr float LOG2E = 1.44269504088896341f;
 
 /*
  * Shared memory of one CTA (offsets from a 1024-aligned base).  A head_dim that
- * is not a multiple of 64 (96) takes whole panels all the same: the tensor maps'
+ * is not a multiple of 64 (32, 80, 96) takes whole panels all the same: the tensor maps'
  * inner extent is head_dim, so TMA fills a box's columns past it with zeros
  * (and a store drops them).  S then runs over the head_dim features only, and
  * O += P V over all `cols` (zero V columns give zero O columns, never read).
@@ -117,8 +126,8 @@ template <int HEAD_DIM, bool WIDE> struct smem_plan {
     static constexpr int k_off = q_off + q_bytes;
     static constexpr int v_off = k_off + stages * kv_bytes;
     static constexpr int bar_off = v_off + stages * kv_bytes;
-    /* barriers: q_full, then k_full, k_empty, v_full, v_empty of each stage */
-    static constexpr int bar_bytes = 8 * (1 + 4 * stages);
+    /* barriers: q_full, then k_full, k_empty, v_full, v_empty of each stage, then q_free */
+    static constexpr int bar_bytes = 8 * (2 + 4 * stages);
     static constexpr int bytes = bar_off + bar_bytes + 1024; /* + slack to align the base */
     static_assert(HEAD_DIM % WGMMA_K == 0, "whole K steps of S = Q K^T");
     static_assert(kv_panel % SWIZZLE_ATOM_BYTES == 0, "stages keep the swizzle's 1024-byte phase");
@@ -138,7 +147,9 @@ FMHA_GPU_SM90_CONFIGS(FMHA_SM90_CHECK_ROW)
 static_assert(INTERLEAVED == FMHA_SM90_INTERLEAVED && PINGPONG == FMHA_SM90_PINGPONG,
               "fmha_fwd_params.schedule names these schedules");
 
-/* The CTA's mbarriers. */
+/* The CTA's mbarriers.  q_full: a tile's Q has landed (or, for a tile with no key block,
+ * the producer says go); q_free: every consumer is done with the Q buffer (its epilogue's
+ * TMA store has read it), so the next tile's Q may overwrite it. */
 template <int STAGES> struct barriers {
     uint32_t base;
     __device__ uint32_t q_full() const { return base; }
@@ -146,6 +157,7 @@ template <int STAGES> struct barriers {
     __device__ uint32_t k_empty(int s) const { return base + 8 * (1 + STAGES + s); }
     __device__ uint32_t v_full(int s) const { return base + 8 * (1 + 2 * STAGES + s); }
     __device__ uint32_t v_empty(int s) const { return base + 8 * (1 + 3 * STAGES + s); }
+    __device__ uint32_t q_free() const { return base + 8 * (1 + 4 * STAGES); }
 };
 
 /* Position in a ring: stage, and the parity of its current round. */
@@ -187,6 +199,22 @@ enum feature_bits { FEATURE_SOFTCAP = 1, FEATURE_SINKS = 2 };
 __host__ __device__ constexpr bool wide_blocks(int schedule, int features)
 {
     return FMHA_SM90_WIDE_BLOCKS(schedule, (features & FEATURE_SOFTCAP) != 0);
+}
+
+/*
+ * Whether an instance runs a persistent grid (tile_walk below): one CTA per SM, each
+ * taking tiles in turn, so that the next tile's K/V loads run during a tile's epilogue
+ * and a CTA's setup (barriers, register hand-over, tensor-map prefetch) is paid once
+ * per SM rather than once per tile.  Only the instances without a mask: the tiles of a
+ * dense batch then all walk the same keys, so a fixed stride over them balances the
+ * SMs, while causal and windowed tiles keep one tile per CTA, heaviest first, and the
+ * hardware hands the next CTA to whichever SM is free.  Not at head_dim 256 (O alone
+ * holds 128 registers a thread) nor for the d64 instances with a softcap or sinks,
+ * whose consumers already run at their register ceiling.
+ */
+__host__ __device__ constexpr bool persistent_tiles(int head_dim, int mask, int features)
+{
+    return FMHA_SM90_PERSISTENT && mask == MASK_NONE && head_dim <= 192 && (head_dim > 64 || features == 0);
 }
 
 /* Keys a row sees before / after its position; negative = unbounded. */
@@ -264,6 +292,71 @@ __device__ __forceinline__ sequence sequence_of(const fmha_fwd_params &p, int b)
         s.bad = s.bad || k.bad;
     }
     return s;
+}
+
+/*
+ * The tiles of a launch: (m_block, head, batch entry) for m_blocks x heads x batch
+ * tiles.  Linear index t takes them in the order in which a 3D grid
+ * (m_blocks, heads, batch) starts its CTAs (m_block fastest, then head, then batch
+ * entry), so the tiles that run at the same time read the same K/V head, which stays
+ * in L2.  `last_first` numbers the m_blocks from the last (the heaviest tile first,
+ * where the last rows see the most keys).
+ */
+struct tile {
+    int m_block, head, b;
+};
+struct tile_walk {
+    int m_blocks, heads, tiles; /* tiles = m_blocks * heads * batch; < 2^30 when persistent */
+    bool last_first;
+    __device__ tile place(int m, int head, int b) const { return {last_first ? m_blocks - 1 - m : m, head, b}; }
+    __device__ tile at(int t) const
+    {
+        const int hb = t / m_blocks;
+        return place(t - hb * m_blocks, hb % heads, hb / heads);
+    }
+};
+
+/*
+ * Visit this CTA's tiles in order: persistent (1D grid), tiles blockIdx.x,
+ * blockIdx.x + gridDim.x, ... below walk.tiles; else the one tile of the 3D grid's
+ * blockIdx.  The producer and the consumers run the same walk, so they visit the same
+ * tiles in the same order.
+ */
+template <bool PERSISTENT, typename F> __device__ __forceinline__ void for_each_tile(const tile_walk &walk, F &&visit)
+{
+    if constexpr (PERSISTENT) {
+        for (int t = (int)blockIdx.x; t < walk.tiles; t += (int)gridDim.x)
+            visit(walk.at(t));
+    } else {
+        visit(walk.place((int)blockIdx.x, (int)blockIdx.y, (int)blockIdx.z));
+    }
+}
+
+/*
+ * What a tile covers, worked out alike by the producer and the consumers (from the same
+ * tile, so they agree): its sequence, first row m0 and key blocks [first_block,
+ * end_block).  A tile with no row (m0 >= len_q: a packed sequence shorter than the
+ * longest) is skipped by both and touches no barrier; one with rows but no key block (a
+ * sequence without keys, a bad one) still runs its epilogue (rows of 0, or NaN).
+ */
+struct tile_work {
+    sequence seq;
+    int m0, first_block, end_block;
+    __device__ bool has_rows() const { return m0 < seq.len_q; }
+};
+template <int MASK, int BLOCK_M, int BLOCK_N>
+__device__ __forceinline__ tile_work work_of(const fmha_fwd_params &p, window win, const tile &t)
+{
+    tile_work w;
+    w.seq = sequence_of(p, t.b);
+    w.m0 = t.m_block * BLOCK_M;
+    const block_span span = w.seq.bad || !w.has_rows()
+                                ? block_span{0, 0}
+                                : key_blocks<BLOCK_M, BLOCK_N>(w.m0, w.seq.len_q, w.seq.len_k, win);
+    /* only a window's left side skips leading blocks */
+    w.first_block = MASK == MASK_WINDOW ? span.begin : 0;
+    w.end_block = span.end;
+    return w;
 }
 
 #if FMHA_HAS_WGMMA
@@ -375,28 +468,79 @@ template <int SN> __device__ __forceinline__ void softcap_scores(float (&s)[SN],
 }
 
 /*
+ * 2^(s * scale - shift) on the FMA pipe, for an integer shift, exponents x in
+ * [-126, 127], and bias = 1.5 * 2^23 - shift (exact: shift is an integer).  Adding
+ * 1.5 * 2^23 rounds x to an integer n, which lands in the sum's low mantissa bits;
+ * 2^(x - n), |x - n| <= 1/2, comes from a cubic (relative error under 1.1e-4, below
+ * a bfloat16 P's rounding) and is multiplied by 2^n built in an exponent field
+ * (NaN stays NaN).  Adds and multiplies only, where ex2.approx takes a slot of the
+ * SM's 16-lane MUFU pipe per lane.
+ */
+__device__ __forceinline__ float exp2_fma(float s, float scale, float bias)
+{
+    const float t = fmaf(s, scale, bias); /* 1.5 * 2^23 + n */
+    const float f = fmaf(s, scale, bias - t); /* bias - t = -shift - n, exactly */
+    const float p = fmaf(fmaf(fmaf(0x1.c2a188p-5f, f, 0x1.f00c18p-3f), f, 0x1.62f5fap-1f), f, 1.f);
+    return p * __int_as_float((__float_as_int(t) << 23) + (127 << 23));
+}
+
+/*
  * One block of the online softmax, in place: S -> P = exp2(S * scale_log2 -
  * m_new), the running max and sum updated, and rescale[half] = exp2(m - m_new)
  * for the O rows accumulated so far.  A row that has seen only masked keys
  * keeps m = -inf and shifts by 0, so its P and rescale are 0, not NaN.
+ * fixed (warp-uniform): scores with known bounds (a softcap's: fixed_shift_of)
+ * shift by fixed_shift in every block, so the max stays unused and rescale is 1.
+ * fma_exp2 (warp-uniform; only with fixed and no -inf score, whose exponents then
+ * lie in [-91, 54]: fmha_config.h): every FMHA_SM90_FMA_EXP2_EVERY-th 8-key group takes
+ * exp2_fma, so the MUFU pipe that also computes the softcap's tanh does not set
+ * the pace.
  */
 template <int SN>
-__device__ __forceinline__ void online_softmax(float (&s)[SN], softmax_rows &st,
-                                               float (&rescale)[ROW_HALVES], float scale_log2)
+__device__ __forceinline__ void online_softmax(float (&s)[SN], softmax_rows &st, float (&rescale)[ROW_HALVES],
+                                               float scale_log2, bool fixed, float fixed_shift, bool fma_exp2)
 {
-    constexpr int BLOCK_N = 2 * SN;
+    constexpr int BLOCK_N = 2 * SN, EVERY = FMHA_SM90_FMA_EXP2_EVERY > 0 ? FMHA_SM90_FMA_EXP2_EVERY : 1;
+    if (FMHA_SM90_FMA_EXP2_EVERY > 0 && fma_exp2) {
+        /* Every row shifts by fixed_shift (an integer): no max and no rescale. */
+        const float bias = 12582912.f - fixed_shift;
+#pragma unroll
+        for (int half = 0; half < ROW_HALVES; half++) {
+            float sum0 = 0.f, sum1 = 0.f;
+#pragma unroll
+            for (int t = 0; t < BLOCK_N / 8; t++) {
+                float &a = s[t * 4 + 2 * half], &b = s[t * 4 + 2 * half + 1];
+                if (t % EVERY == EVERY - 1) {
+                    a = exp2_fma(a, scale_log2, bias);
+                    b = exp2_fma(b, scale_log2, bias);
+                } else {
+                    a = exp2_fast(fmaf(a, scale_log2, -fixed_shift));
+                    b = exp2_fast(fmaf(b, scale_log2, -fixed_shift));
+                }
+                sum0 += a;
+                sum1 += b;
+            }
+            rescale[half] = 1.f;
+            st.sum[half] += sum0 + sum1;
+        }
+        return;
+    }
 #pragma unroll
     for (int half = 0; half < ROW_HALVES; half++) {
-        float mx0 = s[2 * half], mx1 = s[2 * half + 1];
+        float shift = fixed_shift;
+        rescale[half] = 1.f;
+        if (!fixed) {
+            float mx0 = s[2 * half], mx1 = s[2 * half + 1];
 #pragma unroll
-        for (int t = 1; t < BLOCK_N / 8; t++) {
-            mx0 = fmaxf(mx0, s[t * 4 + 2 * half]);
-            mx1 = fmaxf(mx1, s[t * 4 + 2 * half + 1]);
+            for (int t = 1; t < BLOCK_N / 8; t++) {
+                mx0 = fmaxf(mx0, s[t * 4 + 2 * half]);
+                mx1 = fmaxf(mx1, s[t * 4 + 2 * half + 1]);
+            }
+            const float m_new = fmaxf(st.max[half], quad_max(fmaxf(mx0, mx1)) * scale_log2);
+            shift = m_new == -INFINITY ? 0.f : m_new;
+            rescale[half] = exp2_fast(st.max[half] - shift);
+            st.max[half] = m_new;
         }
-        const float m_new = fmaxf(st.max[half], quad_max(fmaxf(mx0, mx1)) * scale_log2);
-        const float shift = m_new == -INFINITY ? 0.f : m_new;
-        rescale[half] = exp2_fast(st.max[half] - shift);
-        st.max[half] = m_new;
         float sum0 = 0.f, sum1 = 0.f;
 #pragma unroll
         for (int t = 0; t < BLOCK_N / 8; t++) {
@@ -408,6 +552,18 @@ __device__ __forceinline__ void online_softmax(float (&s)[SN], softmax_rows &st,
         }
         st.sum[half] = st.sum[half] * rescale[half] + (sum0 + sum1);
     }
+}
+
+/*
+ * The fixed shift (log2 units) of bfloat16 scores under a softcap c up to
+ * FMHA_SM90_FIXED_SHIFT_MAX_CAP (fmha_config.h says why it is safe), else -1 for
+ * the running max: the capped scores lie in (-c log2 e, c log2 e).
+ */
+template <typename T> __device__ __forceinline__ float fixed_shift_of(bool softcap, float cap)
+{
+    if (!std::is_same<T, fmha_bf16>::value || !softcap || !(cap <= FMHA_SM90_FIXED_SHIFT_MAX_CAP))
+        return -1.f;
+    return rintf(fminf(cap, FMHA_SM90_FIXED_SHIFT_FLOOR - cap) * LOG2E); /* exp2_fma takes integers */
 }
 
 template <int D> __device__ __forceinline__ void rescale_rows(float (&o)[D], const float (&rescale)[ROW_HALVES])
@@ -447,16 +603,19 @@ fwd_sm90_kernel(const __grid_constant__ tensor_maps maps, const fmha_fwd_params 
     const uint32_t base = (raw + 1023u) & ~1023u;
     unsigned char *smem = smem_raw + (base - raw);
     const barriers<STAGES> bars{base + plan::bar_off};
+    constexpr bool PERSISTENT = persistent_tiles(HEAD_DIM, MASK, FEATURES);
 
-    /* The tile, heaviest first: where the window's right side is bounded (causal) the
+    /* The tiles, heaviest first: where the window's right side is bounded (causal) the
      * last rows see the most keys; with only its left side bounded, the first rows. */
     const window win = window_of<MASK>(p);
     const bool last_first = MASK == MASK_CAUSAL || (MASK == MASK_WINDOW && win.right >= 0);
-    const int m_block = last_first ? (int)gridDim.x - 1 - (int)blockIdx.x : (int)blockIdx.x;
-    const int m0 = m_block * BLOCK_M, head = (int)blockIdx.y, b = (int)blockIdx.z;
+    const int m_blocks = (int)((p.seqlen_q + BLOCK_M - 1) / BLOCK_M); /* the 3D grid's x */
+    const tile_walk walk{m_blocks, (int)p.heads_q, PERSISTENT ? m_blocks * (int)p.heads_q * (int)p.batch : 0,
+                         last_first};
 
     if (threadIdx.x == 0) {
         mbar_init(bars.q_full(), 1);
+        mbar_init(bars.q_free(), CONSUMERS); /* one thread of each consumer warpgroup */
         for (int s = 0; s < STAGES; s++) {
             mbar_init(bars.k_full(s), 1); /* the producer's arrive + the bytes */
             mbar_init(bars.v_full(s), 1);
@@ -468,49 +627,80 @@ fwd_sm90_kernel(const __grid_constant__ tensor_maps maps, const fmha_fwd_params 
     __syncthreads();
     /* Launched overlapped, nothing in memory is touched before the grid before this one is done. */
     fmha_wait_prior_grid();
-    /* Packed sequences shorter than the longest leave tiles with no row: the whole CTA leaves. */
-    const sequence seq = sequence_of(p, b);
-    if (m0 >= seq.len_q)
-        return;
-    const int seqlen_q = seq.len_q, seqlen_k = seq.len_k;
-    const block_span span = seq.bad ? block_span{0, 0} : key_blocks<BLOCK_M, BLOCK_N>(m0, seqlen_q, seqlen_k, win);
-    /* only a window's left side skips leading blocks */
-    const int first_block = MASK == MASK_WINDOW ? span.begin : 0, end_block = span.end;
-    const int n_blocks = end_block - first_block;
 
+    /*
+     * Across the tiles a CTA visits (tile_work::has_rows), the barriers run on:
+     * - the K/V rings are one stream of key blocks, tile after tile: producer and
+     *   consumers keep their ring positions from one tile to the next;
+     * - q_full and q_free complete one phase per visited tile, so the parity of the
+     *   count of visited tiles picks the phase to wait for;
+     * - the named barriers (turns, epilogue) complete every phase they begin within the
+     *   tile.
+     */
     const int warpgroup = (int)threadIdx.x / WARPGROUP_THREADS;
     if (warpgroup == 0) {
         /* ---- producer ---- */
         warpgroup_reg_dealloc<PRODUCER_REGS>();
         if (threadIdx.x / WARP_LANES == 0 && elect_one()) {
-            const int kv_head = (int)(head / (p.heads_q / p.heads_kv));
+            const int group = (int)(p.heads_q / p.heads_kv);
             tma_prefetch_map(&maps.k);
             tma_prefetch_map(&maps.v);
-            if (n_blocks > 0) {
-                mbar_arrive_expect_tx(bars.q_full(), plan::q_bytes);
-#pragma unroll
-                for (int pn = 0; pn < plan::panels; pn++)
-                    tma_load_4d(base + plan::q_off + pn * plan::q_panel, &maps.q, bars.q_full(), pn * PANEL_COLS,
-                                (int)(seq.q_row0 + m0), head, seq.q_batch);
-            }
             ring_pos<STAGES> pos;
-            for (int j = first_block; j < end_block; j++, pos.advance()) {
-                const int key0 = (int)(seq.k_row0 + (int64_t)j * BLOCK_N);
+            uint32_t visited = 0;
+            for_each_tile<PERSISTENT>(walk, [&](const tile &cur) {
+                const tile_work w = work_of<MASK, BLOCK_M, BLOCK_N>(p, win, cur);
+                if (!w.has_rows())
+                    return;
+                const sequence &seq = w.seq;
+                const int kv_head = cur.head / group, n_blocks = w.end_block - w.first_block;
+                const uint32_t q_parity = visited++ & 1;
                 /* Wait until every consumer released this stage's previous round
                  * (in the first round the parity before the first phase passes at once). */
-                mbar_wait(bars.k_empty(pos.stage), pos.phase ^ 1);
-                mbar_arrive_expect_tx(bars.k_full(pos.stage), plan::kv_bytes);
+                auto load_k = [&](int j) {
+                    mbar_wait(bars.k_empty(pos.stage), pos.phase ^ 1);
+                    mbar_arrive_expect_tx(bars.k_full(pos.stage), plan::kv_bytes);
 #pragma unroll
-                for (int pn = 0; pn < plan::panels; pn++)
-                    tma_load_4d(base + plan::k_off + pos.stage * plan::kv_bytes + pn * plan::kv_panel, &maps.k,
-                                bars.k_full(pos.stage), pn * PANEL_COLS, key0, kv_head, seq.k_batch);
-                mbar_wait(bars.v_empty(pos.stage), pos.phase ^ 1);
-                mbar_arrive_expect_tx(bars.v_full(pos.stage), plan::kv_bytes);
+                    for (int pn = 0; pn < plan::panels; pn++)
+                        tma_load_4d(base + plan::k_off + pos.stage * plan::kv_bytes + pn * plan::kv_panel, &maps.k,
+                                    bars.k_full(pos.stage), pn * PANEL_COLS, (int)(seq.k_row0 + (int64_t)j * BLOCK_N),
+                                    kv_head, seq.k_batch);
+                };
+                auto load_v = [&](int j) {
+                    mbar_wait(bars.v_empty(pos.stage), pos.phase ^ 1);
+                    mbar_arrive_expect_tx(bars.v_full(pos.stage), plan::kv_bytes);
 #pragma unroll
-                for (int pn = 0; pn < plan::panels; pn++)
-                    tma_load_4d(base + plan::v_off + pos.stage * plan::kv_bytes + pn * plan::kv_panel, &maps.v,
-                                bars.v_full(pos.stage), pn * PANEL_COLS, key0, kv_head, seq.k_batch);
-            }
+                    for (int pn = 0; pn < plan::panels; pn++)
+                        tma_load_4d(base + plan::v_off + pos.stage * plan::kv_bytes + pn * plan::kv_panel, &maps.v,
+                                    bars.v_full(pos.stage), pn * PANEL_COLS, (int)(seq.k_row0 + (int64_t)j * BLOCK_N),
+                                    kv_head, seq.k_batch);
+                };
+                /* The Q buffer is the previous tile's output buffer: wait until every consumer's
+                 * epilogue is done with it (the first tile's wait passes at once).  A tile without
+                 * key blocks loads no Q, but its consumers still wait for this go: their epilogue
+                 * writes the same buffer. */
+                auto load_q = [&] {
+                    mbar_wait(bars.q_free(), q_parity ^ 1);
+                    if (n_blocks == 0) {
+                        mbar_arrive(bars.q_full());
+                        return;
+                    }
+                    mbar_arrive_expect_tx(bars.q_full(), plan::q_bytes);
+#pragma unroll
+                    for (int pn = 0; pn < plan::panels; pn++)
+                        tma_load_4d(base + plan::q_off + pn * plan::q_panel, &maps.q, bars.q_full(), pn * PANEL_COLS,
+                                    (int)(seq.q_row0 + w.m0), cur.head, seq.q_batch);
+                };
+                /* K of the first block goes ahead of Q: its stage is free while the previous
+                 * tile's epilogue still holds the Q buffer. */
+                if (n_blocks > 0)
+                    load_k(w.first_block);
+                load_q();
+                for (int j = w.first_block; j < w.end_block; j++, pos.advance()) {
+                    if (j > w.first_block)
+                        load_k(j);
+                    load_v(j);
+                }
+            });
         }
     } else {
         /* ---- consumers: 64 rows each ---- */
@@ -520,80 +710,13 @@ fwd_sm90_kernel(const __grid_constant__ tensor_maps maps, const fmha_fwd_params 
         const int row_in_tile = consumer * WGMMA_M + warp * 16 + lane / LANES_PER_ROW; /* + 8 * half */
         const tile_products<T, HEAD_DIM, WIDE> mma(base, consumer);
 
-        /*
-         * Masks: block j needs one when it runs past seqlen_k, past the window's end
-         * of this warpgroup's first row (the causal diagonal) or before the window's
-         * start of its last row; the blocks between go unmasked.
-         */
-        const int64_t diag = (int64_t)seqlen_k - seqlen_q; /* row i sits at key position i + diag */
-        const int64_t first_pos = (int64_t)m0 + consumer * WGMMA_M + diag;
-        const int64_t mask_free_end =
-            win.right >= 0 && first_pos + win.right + 1 < seqlen_k ? first_pos + win.right + 1 : seqlen_k;
-        /* A window's keys [key_lo, key_hi] of each row and its mask-free start, clamped
-         * into [-1, seqlen_k] so that ints hold them: worked out once, few registers. */
-        int key_lo[ROW_HALVES] = {0, 0}, key_hi[ROW_HALVES] = {0, 0}, free_begin = 0, free_end = 0;
-        if constexpr (MASK == MASK_WINDOW) {
-            auto in_keys = [&](int64_t key) { return (int)(key < -1 ? -1 : key > seqlen_k ? seqlen_k : key); };
-#pragma unroll
-            for (int half = 0; half < ROW_HALVES; half++) {
-                const int64_t pos = m0 + row_in_tile + 8 * half + diag;
-                key_lo[half] = win.left >= 0 ? in_keys(pos - win.left) : 0;
-                key_hi[half] = in_keys(win.right >= 0 && pos + win.right < seqlen_k - 1 ? pos + win.right : seqlen_k - 1);
-            }
-            free_begin = win.left >= 0 ? in_keys(first_pos + WGMMA_M - 1 - win.left) : 0;
-            free_end = in_keys(mask_free_end);
-        }
-        auto masked = [&](float(&s)[BLOCK_N / 2], int j) {
-            if constexpr (MASK == MASK_WINDOW) {
-                const int key0 = j * BLOCK_N;
-                if (key0 >= free_begin && key0 + BLOCK_N <= free_end)
-                    return;
-                int first[ROW_HALVES], last[ROW_HALVES];
-#pragma unroll
-                for (int half = 0; half < ROW_HALVES; half++) {
-                    const int f = key_lo[half] - key0, l = key_hi[half] - key0;
-                    first[half] = f < 0 ? 0 : f > BLOCK_N ? BLOCK_N : f;
-                    last[half] = l < -1 ? -1 : l > BLOCK_N ? BLOCK_N : l;
-                }
-                mask_scores(s, first, last, lane);
-            } else {
-                const int64_t key0 = (int64_t)j * BLOCK_N;
-                if (key0 + BLOCK_N <= mask_free_end)
-                    return;
-                int last[ROW_HALVES];
-#pragma unroll
-                for (int half = 0; half < ROW_HALVES; half++) {
-                    int64_t l = seqlen_k - 1 - key0;
-                    if (MASK == MASK_CAUSAL) {
-                        const int64_t c = m0 + row_in_tile + 8 * half + diag - key0;
-                        l = c < l ? c : l;
-                    }
-                    last[half] = l < -1 ? -1 : l > BLOCK_N ? BLOCK_N : (int)l;
-                }
-                mask_scores(s, last, lane);
-            }
-        };
         /* The scores as exp2 arguments come from S * score_log2 (online_softmax); with the
          * softcap S is first tanh(S * scale / c), the capped score over c. */
         constexpr bool SOFTCAP = (FEATURES & FEATURE_SOFTCAP) != 0;
         const float scale_over_cap = SOFTCAP ? p.softmax_scale / p.softcap : 0.f;
         auto score_log2 = [&] { return SOFTCAP ? p.softcap * LOG2E : p.scale_log2; };
-        auto logits = [&](float(&s)[BLOCK_N / 2], int j) {
-            if constexpr (SOFTCAP)
-                softcap_scores(s, scale_over_cap);
-            masked(s, j);
-        };
-
-        float o[plan::cols / 2];
-#pragma unroll
-        for (int i = 0; i < plan::cols / 2; i++)
-            o[i] = 0.f;
-        softmax_rows st;
-#pragma unroll
-        for (int half = 0; half < ROW_HALVES; half++) {
-            st.max[half] = -INFINITY;
-            st.sum[half] = 0.f;
-        }
+        const float fixed_shift = fixed_shift_of<T>(SOFTCAP, p.softcap);
+        const bool fixed = fixed_shift >= 0.f;
 
         /*
          * Ping-pong: a warpgroup issues a group of products only on its turn
@@ -613,153 +736,281 @@ fwd_sm90_kernel(const __grid_constant__ tensor_maps maps, const fmha_fwd_params 
                     named_barrier_arrive(TURN_BARRIER + (consumer + 1) % CONSUMERS, 2 * WARPGROUP_THREADS);
         };
 
-        if (n_blocks > 0) {
-            float s[BLOCK_N / 2], rescale[ROW_HALVES];
-            uint32_t pv[BLOCK_N / WGMMA_K][4];
-            ring_pos<STAGES> k_pos, v_pos;
-            if (SCHEDULE == PINGPONG && consumer == CONSUMERS - 1)
+        ring_pos<STAGES> ring; /* the K/V ring position at the start of the next tile */
+        uint32_t visited = 0;
+        for_each_tile<PERSISTENT>(walk, [&](const tile &cur) {
+            const tile_work w = work_of<MASK, BLOCK_M, BLOCK_N>(p, win, cur);
+            if (!w.has_rows())
+                return;
+            const sequence &seq = w.seq;
+            const int m0 = w.m0, head = cur.head, b = cur.b, seqlen_q = seq.len_q, seqlen_k = seq.len_k;
+            const int first_block = w.first_block, end_block = w.end_block, n_blocks = end_block - first_block;
+
+            /*
+             * Masks: block j needs one when it runs past seqlen_k, past the window's end
+             * of this warpgroup's first row (the causal diagonal) or before the window's
+             * start of its last row; the blocks between go unmasked.
+             */
+            const int64_t diag = (int64_t)seqlen_k - seqlen_q; /* row i sits at key position i + diag */
+            const int64_t first_pos = (int64_t)m0 + consumer * WGMMA_M + diag;
+            const int64_t mask_free_end =
+                win.right >= 0 && first_pos + win.right + 1 < seqlen_k ? first_pos + win.right + 1 : seqlen_k;
+            /* A window's keys [key_lo, key_hi] of each row and its mask-free start, clamped
+             * into [-1, seqlen_k] so that ints hold them: worked out once, few registers. */
+            int key_lo[ROW_HALVES] = {0, 0}, key_hi[ROW_HALVES] = {0, 0}, free_begin = 0, free_end = 0;
+            if constexpr (MASK == MASK_WINDOW) {
+                auto in_keys = [&](int64_t key) {
+                    return (int)(key < -1 ? -1 : key > seqlen_k ? seqlen_k : key);
+                };
+#pragma unroll
+                for (int half = 0; half < ROW_HALVES; half++) {
+                    const int64_t pos = m0 + row_in_tile + 8 * half + diag;
+                    key_lo[half] = win.left >= 0 ? in_keys(pos - win.left) : 0;
+                    key_hi[half] =
+                        in_keys(win.right >= 0 && pos + win.right < seqlen_k - 1 ? pos + win.right : seqlen_k - 1);
+                }
+                free_begin = win.left >= 0 ? in_keys(first_pos + WGMMA_M - 1 - win.left) : 0;
+                free_end = in_keys(mask_free_end);
+            }
+            auto masked = [&](float(&s)[BLOCK_N / 2], int j) {
+                if constexpr (MASK == MASK_WINDOW) {
+                    const int key0 = j * BLOCK_N;
+                    if (key0 >= free_begin && key0 + BLOCK_N <= free_end)
+                        return false;
+                    int first[ROW_HALVES], last[ROW_HALVES];
+#pragma unroll
+                    for (int half = 0; half < ROW_HALVES; half++) {
+                        const int f = key_lo[half] - key0, l = key_hi[half] - key0;
+                        first[half] = f < 0 ? 0 : f > BLOCK_N ? BLOCK_N : f;
+                        last[half] = l < -1 ? -1 : l > BLOCK_N ? BLOCK_N : l;
+                    }
+                    mask_scores(s, first, last, lane);
+                    return true;
+                } else {
+                    const int64_t key0 = (int64_t)j * BLOCK_N;
+                    if (key0 + BLOCK_N <= mask_free_end)
+                        return false;
+                    int last[ROW_HALVES];
+#pragma unroll
+                    for (int half = 0; half < ROW_HALVES; half++) {
+                        int64_t l = seqlen_k - 1 - key0;
+                        if (MASK == MASK_CAUSAL) {
+                            const int64_t c = m0 + row_in_tile + 8 * half + diag - key0;
+                            l = c < l ? c : l;
+                        }
+                        last[half] = l < -1 ? -1 : l > BLOCK_N ? BLOCK_N : (int)l;
+                    }
+                    mask_scores(s, last, lane);
+                    return true;
+                }
+            };
+            /* S of block j as the softmax takes it; true when a mask turned some of it to -inf. */
+            auto logits = [&](float(&s)[BLOCK_N / 2], int j) {
+                if constexpr (SOFTCAP)
+                    softcap_scores(s, scale_over_cap);
+                return masked(s, j);
+            };
+
+            float o[plan::cols / 2];
+#pragma unroll
+            for (int i = 0; i < plan::cols / 2; i++)
+                o[i] = 0.f;
+            softmax_rows st;
+#pragma unroll
+            for (int half = 0; half < ROW_HALVES; half++) {
+                st.max[half] = -INFINITY;
+                st.sum[half] = 0.f;
+            }
+            /* the softmax of block j's S, logits(s, j) telling whether a mask made some of it -inf */
+            auto softmax = [&](float(&s)[BLOCK_N / 2], float(&rescale)[ROW_HALVES], bool some_masked) {
+                online_softmax(s, st, rescale, score_log2(), fixed, fixed_shift,
+                               FMHA_SM90_FMA_EXP2_HEAD_DIM(HEAD_DIM) && fixed && !some_masked);
+            };
+
+            /* With key blocks: Q has landed.  Without: the previous tile's store is done with
+             * the buffer the epilogue writes (the producer waited for q_free). */
+            if (SCHEDULE == PINGPONG && consumer == CONSUMERS - 1 && n_blocks > 0)
                 named_barrier_arrive(TURN_BARRIER, 2 * WARPGROUP_THREADS); /* consumer 0 first */
-            mbar_wait(bars.q_full(), 0);
+            mbar_wait(bars.q_full(), visited++ & 1);
+            if (n_blocks > 0) {
+                float s[BLOCK_N / 2], rescale[ROW_HALVES];
+                uint32_t pv[BLOCK_N / WGMMA_K][4];
+                ring_pos<STAGES> k_pos = ring, v_pos = ring;
 
-            /* Block 0: S = Q K^T, softmax (O is still 0: nothing to rescale). */
-            mbar_wait(bars.k_full(k_pos.stage), k_pos.phase);
-            take_turn();
-            mma.scores(s, k_pos.stage);
-            pass_turn(false);
-            mma.template wait<0>(s);
-            mbar_arrive(bars.k_empty(k_pos.stage));
-            k_pos.advance();
-            logits(s, first_block);
-            online_softmax(s, st, rescale, score_log2());
-            p_operands<T>(pv, s);
-
-            for (int j = first_block; j + 1 < end_block; j++) {
-                /* S(j+1) = Q K(j+1)^T, issued ahead of O += P(j) V(j). */
+                /* Block 0: S = Q K^T, softmax (O is still 0: nothing to rescale). */
                 mbar_wait(bars.k_full(k_pos.stage), k_pos.phase);
                 take_turn();
                 mma.scores(s, k_pos.stage);
-                mbar_wait(bars.v_full(v_pos.stage), v_pos.phase);
-                mma.accumulate(o, pv, v_pos.stage);
                 pass_turn(false);
-
-                /* S(j+1) done: K(j+1) free; the softmax runs under P(j) V(j). */
-                mma.template wait<1>(s);
+                mma.template wait<0>(s);
                 mbar_arrive(bars.k_empty(k_pos.stage));
                 k_pos.advance();
-                logits(s, j + 1);
-                online_softmax(s, st, rescale, score_log2());
+                softmax(s, rescale, logits(s, first_block));
+                p_operands<T>(pv, s);
 
-                /* P(j) V(j) done: V(j) free; O takes the new max, P(j+1) replaces P(j). */
+                for (int j = first_block; j + 1 < end_block; j++) {
+                    /* S(j+1) = Q K(j+1)^T, issued ahead of O += P(j) V(j). */
+                    mbar_wait(bars.k_full(k_pos.stage), k_pos.phase);
+                    take_turn();
+                    mma.scores(s, k_pos.stage);
+                    mbar_wait(bars.v_full(v_pos.stage), v_pos.phase);
+                    mma.accumulate(o, pv, v_pos.stage);
+                    pass_turn(false);
+
+                    /* S(j+1) done: K(j+1) free; the softmax runs under P(j) V(j). */
+                    mma.template wait<1>(s);
+                    mbar_arrive(bars.k_empty(k_pos.stage));
+                    k_pos.advance();
+                    softmax(s, rescale, logits(s, j + 1));
+
+                    /* P(j) V(j) done: V(j) free; O takes the new max, P(j+1) replaces P(j). */
+                    mma.template wait<0>(o);
+                    mbar_arrive(bars.v_empty(v_pos.stage));
+                    v_pos.advance();
+                    /* A rescale of exactly 1 (no row of the warp found a new max: exp2(0) is 1)
+                     * changes no bit of O, so at d64 a warp skips the multiplies then; at d128
+                     * the vote costs more than it saves (fmha_config.h).  A fixed shift never
+                     * rescales. */
+                    if (!fixed && (HEAD_DIM > FMHA_SM90_SKIP_UNIT_RESCALE_MAX_HEAD_DIM ||
+                                   __any_sync(0xffffffffu, rescale[0] != 1.f || rescale[1] != 1.f)))
+                        rescale_rows(o, rescale);
+                    p_operands<T>(pv, s);
+                }
+
+                /* O += P(last) V(last). */
+                mbar_wait(bars.v_full(v_pos.stage), v_pos.phase);
+                take_turn();
+                mma.accumulate(o, pv, v_pos.stage);
+                pass_turn(true);
                 mma.template wait<0>(o);
                 mbar_arrive(bars.v_empty(v_pos.stage));
-                v_pos.advance();
-                /* A rescale of exactly 1 (no row of the warp found a new max: exp2(0) is 1)
-                 * changes no bit of O, so at d64 a warp skips the multiplies then; at d128
-                 * the vote costs more than it saves (fmha_config.h). */
-                if (HEAD_DIM > FMHA_SM90_SKIP_UNIT_RESCALE_MAX_HEAD_DIM ||
-                    __any_sync(0xffffffffu, rescale[0] != 1.f || rescale[1] != 1.f))
-                    rescale_rows(o, rescale);
-                p_operands<T>(pv, s);
+                ring = k_pos; /* past this tile's n_blocks blocks, as v_pos is once advanced */
             }
 
-            /* O += P(last) V(last). */
-            mbar_wait(bars.v_full(v_pos.stage), v_pos.phase);
-            take_turn();
-            mma.accumulate(o, pv, v_pos.stage);
-            pass_turn(true);
-            mma.template wait<0>(o);
-            mbar_arrive(bars.v_empty(v_pos.stage));
-        }
-
-        /*
-         * Epilogue: O / l into this warpgroup's own Q rows (no other reader:
-         * its S products are complete), in the same swizzled panels, then one
-         * thread stores them with TMA, which drops rows past the tensor.  A
-         * packed sequence's last rows are followed by the next sequence's, so a
-         * warpgroup whose 64 rows run past len_q stores from registers instead,
-         * row by row.  A bad sequence's rows are NaN (0 * NaN for out).
-         *
-         * A sink joins the row sum here (one split: nothing else holds it): in the
-         * units of the larger of m and the sink, l' = l 2^(m - mx) + 2^(sink - mx),
-         * out = O 2^(m - mx) / l', lse = mx + log2 l'; a row with no key (m = -inf)
-         * gets out 0 and lse = sink, and a NaN sink gives NaN rows.
-         */
-        float inv[ROW_HALVES], lse[ROW_HALVES];
-        const float sink = (FEATURES & FEATURE_SINKS) ? p.sinks[head] : -INFINITY, sink_log2 = sink * LOG2E;
+            /*
+             * Epilogue: O / l into this warpgroup's own Q rows (no other reader:
+             * its S products are complete), in the same swizzled panels, then one
+             * thread stores them with TMA, which drops rows past the tensor.  A
+             * packed sequence's last rows are followed by the next sequence's, so a
+             * warpgroup whose 64 rows run past len_q stores from registers instead,
+             * row by row.  A bad sequence's rows are NaN (0 * NaN for out).
+             *
+             * A sink joins the row sum here (one split: nothing else holds it): in the
+             * units of the larger of m and the sink, l' = l 2^(m - mx) + 2^(sink - mx),
+             * out = O 2^(m - mx) / l', lse = mx + log2 l'; a row with no key (m = -inf)
+             * gets out 0 and lse = sink, and a NaN sink gives NaN rows.
+             */
+            float inv[ROW_HALVES], lse[ROW_HALVES];
+            const float sink = (FEATURES & FEATURE_SINKS) ? p.sinks[head] : -INFINITY, sink_log2 = sink * LOG2E;
 #pragma unroll
-        for (int half = 0; half < ROW_HALVES; half++) {
-            float l = quad_sum(st.sum[half]), m = st.max[half], o_scale = 1.f;
-            const bool no_key = m == -INFINITY;
-            if constexpr ((FEATURES & FEATURE_SINKS) != 0) {
-                const float mx = fmaxf(m, sink_log2);
-                if (mx != -INFINITY || sink != sink) {
-                    o_scale = exp2_fast(m - mx);
-                    l = l * o_scale + exp2_fast(sink_log2 - mx);
-                    m = mx;
+            for (int half = 0; half < ROW_HALVES; half++) {
+                float l = quad_sum(st.sum[half]), o_scale = 1.f;
+                float m = !fixed ? st.max[half] : l == 0.f ? -INFINITY : fixed_shift;
+                const bool no_key = m == -INFINITY;
+                if constexpr ((FEATURES & FEATURE_SINKS) != 0) {
+                    const float mx = fmaxf(m, sink_log2);
+                    if (mx != -INFINITY || sink != sink) {
+                        o_scale = exp2_fast(m - mx);
+                        l = l * o_scale + exp2_fast(sink_log2 - mx);
+                        m = mx;
+                    }
+                }
+                inv[half] = seq.bad ? NAN : l == 0.f ? 0.f : o_scale / l;
+                lse[half] = seq.bad ? NAN : l == 0.f ? -INFINITY : (m + log2f(l)) * LN2;
+                if ((FEATURES & FEATURE_SINKS) && no_key && !seq.bad)
+                    lse[half] = sink; /* exactly, not through log2 units */
+            }
+            const int row0 = m0 + consumer * WGMMA_M;
+            const bool tma_out = row0 < seqlen_q && (!p.cu_seqlens_q || row0 + WGMMA_M <= seqlen_q);
+            if (!tma_out && row0 < seqlen_q) {
+                T *out = static_cast<T *>(p.out) + seq.q_row0 * p.o_row_stride +
+                         (int64_t)seq.q_batch * p.o_batch_stride + (int64_t)head * p.o_head_stride;
+#pragma unroll
+                for (int half = 0; half < ROW_HALVES; half++) {
+                    const int row = m0 + row_in_tile + 8 * half;
+                    if (row < seqlen_q)
+#pragma unroll
+                        for (int t = 0; t < HEAD_DIM / 8; t++)
+                            *reinterpret_cast<uint32_t *>(out + (int64_t)row * p.o_row_stride + t * 8 +
+                                                          2 * (lane % LANES_PER_ROW)) =
+                                mma_type<T>::pack(o[t * 4 + 2 * half] * inv[half], o[t * 4 + 2 * half + 1] * inv[half]);
                 }
             }
-            inv[half] = seq.bad ? NAN : l == 0.f ? 0.f : o_scale / l;
-            lse[half] = seq.bad ? NAN : l == 0.f ? -INFINITY : (m + log2f(l)) * LN2;
-            if ((FEATURES & FEATURE_SINKS) && no_key && !seq.bad)
-                lse[half] = sink; /* exactly, not through log2 units */
-        }
-        const int row0 = m0 + consumer * WGMMA_M;
-        const bool tma_out = row0 < seqlen_q && (!p.cu_seqlens_q || row0 + WGMMA_M <= seqlen_q);
-        if (!tma_out && row0 < seqlen_q) {
-            T *out = static_cast<T *>(p.out) + seq.q_row0 * p.o_row_stride + (int64_t)seq.q_batch * p.o_batch_stride +
-                     (int64_t)head * p.o_head_stride;
+            const int g = lane / LANES_PER_ROW, col_pair = (lane % LANES_PER_ROW) * 4; /* bytes */
 #pragma unroll
-            for (int half = 0; half < ROW_HALVES; half++) {
-                const int row = m0 + row_in_tile + 8 * half;
-                if (row < seqlen_q)
+            for (int t = 0; t < HEAD_DIM / 8; t++)
 #pragma unroll
-                    for (int t = 0; t < HEAD_DIM / 8; t++)
-                        *reinterpret_cast<uint32_t *>(out + (int64_t)row * p.o_row_stride + t * 8 +
-                                                      2 * (lane % LANES_PER_ROW)) =
-                            mma_type<T>::pack(o[t * 4 + 2 * half] * inv[half], o[t * 4 + 2 * half + 1] * inv[half]);
+                for (int half = 0; half < ROW_HALVES; half++) {
+                    const int row = row_in_tile + 8 * half, chunk = t % 8;
+                    /* row % 8 == g: the swizzle XOR; lanes of a warp hit 32 different banks */
+                    const int off = plan::q_off + t / 8 * plan::q_panel + row * SWIZZLE_ROW_BYTES +
+                                    ((chunk ^ g) * 16) + col_pair;
+                    *reinterpret_cast<uint32_t *>(smem + off) =
+                        mma_type<T>::pack(o[t * 4 + 2 * half] * inv[half], o[t * 4 + 2 * half + 1] * inv[half]);
+                }
+            fence_proxy_async(); /* ordinary stores, read next by the TMA engine */
+            named_barrier_sync(EPILOGUE_BARRIER + consumer, WARPGROUP_THREADS);
+            if (tid == 0 && tma_out) {
+#pragma unroll
+                for (int pn = 0; pn < plan::panels; pn++)
+                    tma_store_4d(&maps.o,
+                                 base + plan::q_off + pn * plan::q_panel + consumer * WGMMA_M * SWIZZLE_ROW_BYTES,
+                                 pn * PANEL_COLS, (int)(seq.q_row0 + row0), head, seq.q_batch);
+                tma_store_commit();
             }
-        }
-        const int g = lane / LANES_PER_ROW, col_pair = (lane % LANES_PER_ROW) * 4; /* bytes */
+            if (p.lse && lane % LANES_PER_ROW == 0) {
+                float *lse_rows = p.lse + (p.cu_seqlens_q ? seq.q_row0 * p.lse_row_stride : b * p.lse_batch_stride) +
+                                  head * p.lse_head_stride;
 #pragma unroll
-        for (int t = 0; t < HEAD_DIM / 8; t++)
-#pragma unroll
-            for (int half = 0; half < ROW_HALVES; half++) {
-                const int row = row_in_tile + 8 * half, chunk = t % 8;
-                /* row % 8 == g: the swizzle XOR; lanes of a warp hit 32 different banks */
-                const int off = plan::q_off + t / 8 * plan::q_panel + row * SWIZZLE_ROW_BYTES +
-                                ((chunk ^ g) * 16) + col_pair;
-                *reinterpret_cast<uint32_t *>(smem + off) =
-                    mma_type<T>::pack(o[t * 4 + 2 * half] * inv[half], o[t * 4 + 2 * half + 1] * inv[half]);
+                for (int half = 0; half < ROW_HALVES; half++) {
+                    const int64_t row = (int64_t)m0 + row_in_tile + 8 * half;
+                    if (row < seqlen_q)
+                        lse_rows[row * p.lse_row_stride] = lse[half];
+                }
             }
-        fence_proxy_async(); /* ordinary stores, read next by the TMA engine */
-        named_barrier_sync(EPILOGUE_BARRIER + consumer, WARPGROUP_THREADS);
-        if (tid == 0 && tma_out) {
-#pragma unroll
-            for (int pn = 0; pn < plan::panels; pn++)
-                tma_store_4d(&maps.o, base + plan::q_off + pn * plan::q_panel + consumer * WGMMA_M * SWIZZLE_ROW_BYTES,
-                             pn * PANEL_COLS, (int)(seq.q_row0 + row0), head, seq.q_batch);
-            tma_store_commit();
-        }
-        if (p.lse && lane % LANES_PER_ROW == 0) {
-            float *lse_rows = p.lse + (p.cu_seqlens_q ? seq.q_row0 * p.lse_row_stride : b * p.lse_batch_stride) +
-                              head * p.lse_head_stride;
-#pragma unroll
-            for (int half = 0; half < ROW_HALVES; half++) {
-                const int64_t row = (int64_t)m0 + row_in_tile + 8 * half;
-                if (row < seqlen_q)
-                    lse_rows[row * p.lse_row_stride] = lse[half];
+            /* The shared memory stays until the store has read it; then this warpgroup is done
+             * with the Q buffer (its other threads wrote their rows before the epilogue's
+             * barrier), and the producer may load the next tile's Q into it. */
+            if (tid == 0) {
+                if (tma_out)
+                    tma_store_wait_read();
+                mbar_arrive(bars.q_free());
             }
-        }
-        if (tid == 0 && tma_out)
-            tma_store_wait_read(); /* the shared memory stays until the store has read it */
+        });
     }
 #endif /* FMHA_HAS_WGMMA */
 }
 
+/* The device's SM count, read once per device (past 64 devices on every call). */
+inline cudaError_t multiprocessors(int device, int *count)
+{
+    static std::atomic<int> known[64]; /* 0: not read yet */
+    const bool cached = device >= 0 && device < 64;
+    if (cached && (*count = known[device].load(std::memory_order_relaxed)) > 0)
+        return cudaSuccess;
+    cudaError_t err = cudaDeviceGetAttribute(count, cudaDevAttrMultiProcessorCount, device);
+    if (err != cudaSuccess)
+        return err;
+    if (cached)
+        known[device].store(*count, std::memory_order_relaxed);
+    return cudaSuccess;
+}
+
+/* Launch one instance on `grid`, the 3D grid of tiles (m_blocks, heads_q, batch); a
+ * persistent instance (persistent_tiles) runs them on a 1D grid of one CTA per SM, or
+ * fewer CTAs when there are fewer tiles (the caller checked that they count < 2^30). */
 template <typename T, int HEAD_DIM, int MASK, int FEATURES, int SCHEDULE>
 inline cudaError_t launch_instance(const tensor_maps &maps, const fmha_fwd_params &p, dim3 grid)
 {
     auto kernel = fwd_sm90_kernel<T, HEAD_DIM, MASK, FEATURES, SCHEDULE>;
+    if constexpr (persistent_tiles(HEAD_DIM, MASK, FEATURES)) {
+        int sms = 0;
+        cudaError_t err = multiprocessors(p.device, &sms);
+        if (err != cudaSuccess)
+            return err;
+        const uint64_t tiles = (uint64_t)grid.x * grid.y * grid.z;
+        grid = dim3((unsigned)(tiles < (uint64_t)sms ? tiles : (uint64_t)sms));
+    }
     constexpr bool WIDE = wide_blocks(SCHEDULE, FEATURES);
     constexpr int smem = smem_plan<HEAD_DIM, WIDE>::bytes;
     /* The shared-memory limit is an attribute per device: set it once on each (a bit per
@@ -784,35 +1035,53 @@ inline cudaError_t launch_schedule(const tensor_maps &maps, const fmha_fwd_param
     return sched == PINGPONG ? launch_instance<T, HEAD_DIM, MASK, FEATURES, PINGPONG>(maps, p, grid)
                              : launch_instance<T, HEAD_DIM, MASK, FEATURES, INTERLEAVED>(maps, p, grid);
 }
+/* The instance's mask (mask_kind) and features (feature_bits) for p; fmha_features' rule:
+ * a window bounds a side, causal alone is no window. */
+inline int mask_of(const fmha_fwd_params &p)
+{
+    if (p.window_left >= 0 || (!p.causal && p.window_right >= 0))
+        return MASK_WINDOW;
+    return p.causal ? MASK_CAUSAL : MASK_NONE;
+}
+inline int features_of(const fmha_fwd_params &p)
+{
+    return (p.softcap > 0.f ? FEATURE_SOFTCAP : 0) | (p.sinks != nullptr ? FEATURE_SINKS : 0);
+}
 template <typename T, int HEAD_DIM, int MASK>
 inline cudaError_t launch_features(const tensor_maps &maps, const fmha_fwd_params &p, dim3 grid, int sched)
 {
-    const bool cap = p.softcap > 0.f, sinks = p.sinks != nullptr;
-    if (cap && sinks)
+    switch (features_of(p)) {
+    case FEATURE_SOFTCAP | FEATURE_SINKS:
         return launch_schedule<T, HEAD_DIM, MASK, FEATURE_SOFTCAP | FEATURE_SINKS>(maps, p, grid, sched);
-    if (cap)
+    case FEATURE_SOFTCAP:
         return launch_schedule<T, HEAD_DIM, MASK, FEATURE_SOFTCAP>(maps, p, grid, sched);
-    if (sinks)
+    case FEATURE_SINKS:
         return launch_schedule<T, HEAD_DIM, MASK, FEATURE_SINKS>(maps, p, grid, sched);
-    return launch_schedule<T, HEAD_DIM, MASK, 0>(maps, p, grid, sched);
+    default:
+        return launch_schedule<T, HEAD_DIM, MASK, 0>(maps, p, grid, sched);
+    }
 }
 /* Not inline: each head_dim's instances are compiled in a translation unit of their own
  * (kernels/fwd_sm90_d*.hip, built in parallel); every other includer declares them extern. */
 template <typename T, int HEAD_DIM>
 cudaError_t launch_mask(const tensor_maps &maps, const fmha_fwd_params &p, dim3 grid, int sched)
 {
-    /* fmha_features' rule: a window bounds a side; causal alone is no window */
-    if (p.window_left >= 0 || (!p.causal && p.window_right >= 0))
+    switch (mask_of(p)) {
+    case MASK_WINDOW:
         return launch_features<T, HEAD_DIM, MASK_WINDOW>(maps, p, grid, sched);
-    if (p.causal)
+    case MASK_CAUSAL:
         return launch_features<T, HEAD_DIM, MASK_CAUSAL>(maps, p, grid, sched);
-    return launch_features<T, HEAD_DIM, MASK_NONE>(maps, p, grid, sched);
+    default:
+        return launch_features<T, HEAD_DIM, MASK_NONE>(maps, p, grid, sched);
+    }
 }
 #define FMHA_SM90_INSTANCES(kind, hd)                                                                      \
     kind template cudaError_t launch_mask<fmha_half, hd>(const tensor_maps &, const fmha_fwd_params &, dim3, int); \
     kind template cudaError_t launch_mask<fmha_bf16, hd>(const tensor_maps &, const fmha_fwd_params &, dim3, int);
 /* (a definition may follow its extern declaration: fwd_sm90_d*.hip) */
+FMHA_SM90_INSTANCES(extern, 32)
 FMHA_SM90_INSTANCES(extern, 64)
+FMHA_SM90_INSTANCES(extern, 80)
 FMHA_SM90_INSTANCES(extern, 96)
 FMHA_SM90_INSTANCES(extern, 128)
 FMHA_SM90_INSTANCES(extern, 192)
@@ -822,8 +1091,12 @@ template <typename T>
 inline cudaError_t launch_head_dim(const tensor_maps &maps, const fmha_fwd_params &p, dim3 grid, int sched)
 {
     switch (p.head_dim) {
+    case 32:
+        return launch_mask<T, 32>(maps, p, grid, sched);
     case 64:
         return launch_mask<T, 64>(maps, p, grid, sched);
+    case 80:
+        return launch_mask<T, 80>(maps, p, grid, sched);
     case 96:
         return launch_mask<T, 96>(maps, p, grid, sched);
     case 128:
@@ -845,7 +1118,9 @@ inline bool tile_of(int64_t head_dim, bool wide, int *block_m, int *block_n)
         *block_m = tile_shape<hd, false>::block_m;                                                                 \
         *block_n = wide ? tile_shape<hd, true>::block_n : tile_shape<hd, false>::block_n;                          \
         return true;
+        FMHA_SM90_TILE_OF(32)
         FMHA_SM90_TILE_OF(64)
+        FMHA_SM90_TILE_OF(80)
         FMHA_SM90_TILE_OF(96)
         FMHA_SM90_TILE_OF(128)
         FMHA_SM90_TILE_OF(192)
@@ -880,8 +1155,7 @@ inline fmha_status fmha_sm90_prefill_launch(const fmha_fwd_params &p, cudaError_
     if (p.dtype != FMHA_DTYPE_F16 && p.dtype != FMHA_DTYPE_BF16)
         return FMHA_ERR_UNSUPPORTED;
     int block_m = 0, block_n = 0;
-    const int features = p.softcap > 0.f ? FEATURE_SOFTCAP : 0; /* the bit wide_blocks() reads */
-    if (!tile_of(p.head_dim, wide_blocks(sched, features), &block_m, &block_n))
+    if (!tile_of(p.head_dim, wide_blocks(sched, features_of(p)), &block_m, &block_n))
         return FMHA_ERR_UNSUPPORTED;
     if (p.seqlens_k || p.k_new || p.v_new || p.seqlen_new != 0 || p.num_splits > 1 || p.block_table)
         return FMHA_ERR_UNSUPPORTED;
@@ -902,6 +1176,12 @@ inline fmha_status fmha_sm90_prefill_launch(const fmha_fwd_params &p, cudaError_
     const int64_t MAX_ROWS = ((int64_t)1 << 31) - 2 * block_n;
     if (p.batch > 65535 || p.heads_q > 65535 || q_rows > MAX_ROWS || k_rows > MAX_ROWS || p.seqlen_q > MAX_ROWS ||
         p.seqlen_k > MAX_ROWS || q_rows < 0 || k_rows < 0)
+        return FMHA_ERR_UNSUPPORTED;
+    /* A persistent instance numbers its tiles with ints (tile_walk), stepping past the
+     * last by up to one SM count. */
+    const int64_t m_blocks = (p.seqlen_q + block_m - 1) / block_m;
+    if (m_blocks * p.heads_q * p.batch >= ((int64_t)1 << 30) &&
+        persistent_tiles((int)p.head_dim, mask_of(p), features_of(p)))
         return FMHA_ERR_UNSUPPORTED;
     int major = 0;
     cudaError_t err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, p.device);
@@ -945,7 +1225,7 @@ inline fmha_status fmha_sm90_prefill_launch(const fmha_fwd_params &p, cudaError_
                        WGMMA_M))
         return FMHA_ERR_UNSUPPORTED;
 
-    const dim3 grid((unsigned)((p.seqlen_q + block_m - 1) / block_m), (unsigned)p.heads_q, (unsigned)p.batch);
+    const dim3 grid((unsigned)m_blocks, (unsigned)p.heads_q, (unsigned)p.batch);
     err = bf16 ? launch_head_dim<fmha_bf16>(maps, p, grid, sched) : launch_head_dim<fmha_half>(maps, p, grid, sched);
     if (err != cudaSuccess) {
         if (error)

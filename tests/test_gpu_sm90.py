@@ -1,6 +1,6 @@
 """The Hopper prefill kernel (kernels/fwd_sm90.h) through fmha_native.forward on torch CUDA
 tensors, against the float64 reference: odd lengths, seqlen_q above and far below
-seqlen_k, causal and not, GQA ratios 1/4/8/16, head_dim 64/96/128/192, float16/bfloat16, strided
+seqlen_k, causal and not, GQA ratios 1/4/8/16, head_dim 32/64/80/96/128/192/256, float16/bfloat16, strided
 views, strides TMA cannot address (the tensor-core tiles run those), bitwise determinism,
 FMHA_GPU_PREFILL_KERNEL, and the model features (window, softcap, sinks: issue 21).  Every
 sm90 case first checks that explain() names the sm90 kernel for its tensors, so none passes
@@ -311,6 +311,54 @@ def test_packed_queries_and_keys_of_other_lengths(torch, causal, head_dim):
     check_packed(q, kd, vd, "bf16", causal=causal, cu_seqlens_q=cu_q, max_seqlen_q=max(q_len))
 
 
+# With FMHA_SM90_PERSISTENT (fmha_config.h) unmasked instances run a persistent grid
+# (fwd_sm90.h persistent_tiles): one CTA per SM, each walking tiles blockIdx.x,
+# blockIdx.x + gridDim.x, ... in launch order; without it, one tile per CTA, through the
+# same producer and consumer code and barriers.  Between
+# long sequences sit ones without keys (tiles that load no Q, yet store 0 and lse -inf
+# through the same buffer), with few or no queries (tiles past len_q, which every warp
+# group skips alike) and with keys but a handful of queries; with 8 query heads there are
+# several times as many tiles as SMs, so each CTA walks through every kind in turn.
+# "pingpong": one long key sequence puts the call on the ping-pong schedule, whose turn
+# barriers then run across tiles with and without key blocks.
+PERSISTENT_Q = [1000, 37, 0, 700, 1, 999, 64, 513, 5, 1000, 200, 129]
+PERSISTENT_K = {"interleaved": [1000, 0, 300, 0, 77, 1000, 0, 513, 1003, 0, 450, 129],
+                "pingpong": [1000, 0, 300, 0, 77, 3000, 0, 2600, 1003, 0, 2100, 129]}
+
+
+@pytest.mark.parametrize("dtype", ["f16", "bf16"])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("schedule", ["interleaved", "pingpong"])
+def test_persistent_tiles_with_keyless_sequences(torch, schedule, head_dim, dtype):
+    q_len, k_len = PERSISTENT_Q, PERSISTENT_K[schedule]
+    heads_q, heads_kv = 8, 2
+    block_m = {64: 192, 128: 128}[head_dim]
+    assert len(q_len) * heads_q * math.ceil(max(q_len) / block_m) > 2 * 132  # tiles per CTA > 2
+    seed = head_dim + 3 * len(schedule) + (dtype == "bf16")
+    q, cu_q = packed(torch, q_len, heads_q, head_dim, dtype, seed=seed)
+    k, cu_k = packed(torch, k_len, heads_kv, head_dim, dtype, seed=seed + 1)
+    v, _ = packed(torch, k_len, heads_kv, head_dim, dtype, seed=seed + 2)
+    kw = dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max(q_len), max_seqlen_k=max(k_len))
+    plan = fmha_native.explain(q, k, v, **kw)
+    assert plan["kernel"].endswith(f",{schedule}>"), f"{plan['kernel']}: {plan['reason']}"
+    _, out, lse = check_packed(q, k, v, dtype, **kw)
+    # rows of sequences without keys: exactly 0, lse -inf
+    for b, (start, n) in enumerate(zip(cu_q.tolist(), q_len)):
+        if k_len[b] == 0 and n > 0:
+            assert bool((out[start:start + n] == 0).all()), f"sequence {b}"
+            assert bool(torch.isneginf(lse[:, start:start + n]).all()), f"sequence {b}"
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_persistent_tiles_bitwise_deterministic(torch, head_dim):
+    """A dense unmasked call of many tiles per SM (the persistent grid): two calls give the
+    same bits, whichever CTA computes which tile."""
+    q, k, v = qkv(torch, 2, 4096, 4096, 16, 4, head_dim, "bf16", seed=14 + head_dim)
+    plan, out1, lse1 = check(q, k, v, "bf16")
+    out2, lse2 = fmha_native.forward(q, k, v)
+    assert bits(out1) == bits(out2) and bits(lse1) == bits(lse2), plan["kernel"]
+
+
 def test_packed_device_cu_seqlens_out_of_range_gives_nan_rows(torch):
     """A device cu_seqlens_q whose last sequence runs past total_q: that sequence's rows
     (clamped to the tensor) come out NaN, the others are right, and no row past total_q
@@ -390,6 +438,32 @@ def test_softcap(torch, softcap, scale, causal, head_dim, dtype):
     if scale is not None:
         kw["softmax_scale"] = scale
     check_features(q, k, v, dtype, **kw)
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "f16"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("softcap", [50.0, 51.0, 12.0])
+def test_softcap_scores_at_the_bounds(torch, softcap, causal, dtype):
+    """Scores pushed against both bounds of the cap: the bfloat16 kernel shifts capped
+    scores by a fixed amount up to a cap of 50 (fmha_config.h), by the running max above
+    it and in float16.  Rows of the first half score about -0.92 c against every key (the
+    smallest weights the fixed shift gives), the others about +0.92 c; each half is held
+    to the bounds on its own, so neither hides in the other's error."""
+    seqlen, heads_q, heads_kv, head_dim = 600, 8, 2, 128
+    batch = batch_for(seqlen, heads_q)
+    q, k, v = qkv(torch, batch, seqlen, seqlen, heads_q, heads_kv, head_dim, dtype, seed=int(softcap))
+    q, k = q * 0.3, k * 0.3
+    k[..., 0] = 4.0 + k[..., 0]
+    q[:, : seqlen // 2, :, 0] = -20.0
+    q[:, seqlen // 2:, :, 0] = 20.0
+    kw = dict(causal=causal, softcap=softcap, softmax_scale=1.0)
+    plan = fmha_native.explain(q, k, v, **kw)
+    assert plan["kernel"].startswith(SM90), f"{plan['kernel']}: {plan['reason']}"
+    out, lse = (as_f64(x) for x in fmha_native.forward(q, k, v, **kw))
+    ref_out, ref_lse = reference.forward(q, k, v, **kw)
+    for rows, what in ((slice(0, seqlen // 2), "low"), (slice(seqlen // 2, seqlen), "high")):
+        assert_close(out[:, rows], lse[:, :, rows], ref_out[:, rows], ref_lse[:, :, rows], dtype,
+                     what=f"{what} rows, softcap {softcap}")
 
 
 @pytest.mark.parametrize("dtype,head_dim", DTYPE_DIMS)
@@ -512,13 +586,19 @@ def test_narrow_window_takes_the_interleaved_schedule(torch):
         plan["kernel"]
 
 
-# ------------------------------------------------- head_dim 96, 192 and 256 (issue 21)
-# d192 walks 112-key blocks (so block edges fall off the 128-row tiles' edges); d96 runs two
-# 64-column panels whose last 32 columns TMA fills with zeros and drops on the store; d256
+# --------------------------------------- head_dim 32, 80, 96, 192 and 256 (issue 21)
+# d192 walks 112-key blocks (so block edges fall off the 128-row tiles' edges); d96 and d80 run
+# two 64-column panels whose last 32 / 48 columns TMA fills with zeros and drops on the store,
+# d32 one panel (on the 192-row d64 tiles) whose last 32 columns are those zeros; d256
 # walks 80-key blocks with O at 128 registers a thread (N = 256 products), and has no other
 # GPU kernel: these tests are its only GPU coverage.
 
-NEW_DIMS = [("bf16", 192), ("f16", 192), ("bf16", 96), ("f16", 96), ("bf16", 256), ("f16", 256)]
+NEW_DIMS = [("bf16", 192), ("f16", 192), ("bf16", 96), ("f16", 96), ("bf16", 256), ("f16", 256),
+            ("bf16", 80), ("f16", 80), ("bf16", 32), ("f16", 32)]
+# the head dims of NEW_DIMS, for the tests that run one dtype
+NEW_HEAD_DIMS = [96, 192, 256, 80, 32]
+# tiles (block_m, block_n) of these tests' plans (narrow blocks: interleaved or softcapped)
+NEW_DIM_TILES = {32: (192, 128), 80: (128, 128), 96: (128, 128), 192: (128, 112), 256: (128, 80)}
 
 
 @pytest.mark.parametrize("dtype,head_dim", NEW_DIMS)
@@ -531,7 +611,7 @@ def test_new_dims_lengths_gqa4(torch, seqlen_q, seqlen_k, causal, head_dim, dtyp
                   head_dim, dtype, seed=seqlen_q * 5 + seqlen_k + head_dim)
     plan, _, _ = check(q, k, v, dtype, causal=causal)
     assert f",d{head_dim}," in plan["kernel"], plan["kernel"]
-    assert (plan["block_m"], plan["block_n"]) == {96: (128, 128), 192: (128, 112), 256: (128, 80)}[head_dim]
+    assert (plan["block_m"], plan["block_n"]) == NEW_DIM_TILES[head_dim]
 
 
 @pytest.mark.parametrize("dtype,head_dim", NEW_DIMS)
@@ -553,11 +633,11 @@ def test_new_dims_window_softcap_sinks(torch, causal, head_dim, dtype):
                    softmax_scale=0.2, sinks=sinks_for(torch, heads_q))
 
 
-@pytest.mark.parametrize("head_dim", [96, 192, 256])
+@pytest.mark.parametrize("head_dim", NEW_HEAD_DIMS)
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_new_dims_packed_sequences(torch, causal, head_dim):
-    """Tiles ending mid-warpgroup store row by row from registers: at d96 those stores
-    must stop at column 96."""
+    """Tiles ending mid-warpgroup store row by row from registers: at d32, d80 and d96 those
+    stores must stop at column head_dim."""
     lengths = [1000, 517, 0, 63, 1, 130]
     q, cu = packed(torch, lengths, 16, head_dim, "bf16", seed=head_dim + causal + 60)
     k, _ = packed(torch, lengths, 4, head_dim, "bf16", seed=head_dim + causal + 61)
@@ -566,10 +646,10 @@ def test_new_dims_packed_sequences(torch, causal, head_dim):
                  max_seqlen_q=max(lengths), max_seqlen_k=max(lengths))
 
 
-@pytest.mark.parametrize("head_dim", [96, 192, 256])
+@pytest.mark.parametrize("head_dim", NEW_HEAD_DIMS)
 def test_new_dims_out_columns_past_head_dim_untouched(torch, head_dim):
     """out as a view into wider rows: the TMA store of the last panel must not write past
-    head_dim (d96: columns 96..127 of the box are outside the tensor map)."""
+    head_dim (d96: columns 96..127 of the box are outside the tensor map; d32: 32..63)."""
     batch, seqlen, heads = 4, 300, 8
     q, k, v = qkv(torch, batch, seqlen, seqlen, heads, heads, head_dim, "bf16", seed=head_dim + 70)
     buf = torch.full((batch, seqlen, heads, head_dim + 64), 7.0, device="cuda",
@@ -584,7 +664,7 @@ def test_new_dims_out_columns_past_head_dim_untouched(torch, head_dim):
     assert bool((buf[..., head_dim:] == 7.0).all())
 
 
-@pytest.mark.parametrize("head_dim", [96, 192, 256])
+@pytest.mark.parametrize("head_dim", NEW_HEAD_DIMS)
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_new_dims_bitwise_deterministic(torch, causal, head_dim):
     q, k, v = qkv(torch, 2, 2048, 2048, 16, 4, head_dim, "bf16", seed=12 + head_dim)

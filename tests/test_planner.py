@@ -151,18 +151,19 @@ def is_sm90(plan):
 
 
 @pytest.mark.parametrize("device", [H100_SM90, H200_SM90], ids=["H100", "H200"])
-@pytest.mark.parametrize("head_dim", [64, 96, 128, 192])
+@pytest.mark.parametrize("head_dim", [32, 64, 80, 96, 128, 192])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("causal", [False, True])
 def test_sm90_runs_hopper_prefill(device, head_dim, dtype, causal):
     plan = plan_for(prefill(head_dim=head_dim, dtype=dtype, causal=causal), device)
     assert is_sm90(plan), plan["reason"]
     assert plan["kernel"].startswith(f"fwd_sm90<{dtype},d{head_dim}" + (",causal," if causal else ","))
-    # 64 rows per consumer warpgroup: three at head_dim 64, two from 96 up; 112-key blocks
-    # at 192 (two stages of 128 keys would not fit the shared memory next to Q); these
+    # 64 rows per consumer warpgroup: three at head_dims 32 and 64, two from 80 up; 112-key
+    # blocks at 192 (two stages of 128 keys would not fit the shared memory next to Q); these
     # rows see >= 16 blocks (ping-pong), whose d128 tiles take 176-key blocks
     assert plan["kernel"].endswith(",pingpong>"), plan["kernel"]
-    block_m, block_n = {64: (192, 128), 96: (128, 128), 128: (128, 176), 192: (128, 112)}[head_dim]
+    block_m, block_n = {32: (192, 128), 64: (192, 128), 80: (128, 128), 96: (128, 128),
+                        128: (128, 176), 192: (128, 112)}[head_dim]
     assert plan["block_m"] == block_m and plan["block_n"] == block_n
     assert plan["num_splits"] == 1 and plan["walkers_per_split"] == 1
     assert plan["pack_gqa"] is False and "+combine" not in plan["kernel"]
@@ -181,6 +182,10 @@ def test_sm90_runs_hopper_prefill(device, head_dim, dtype, causal):
     (128, True, 8192, "pingpong"),
     (128, True, 2048, "interleaved"),   # ... except short causal problems
     (64, True, 2048, "interleaved"),
+    (32, False, 8192, "pingpong"),      # d32 runs the d64 tiles and their rule, d80 d96's
+    (32, True, 2048, "interleaved"),
+    (80, True, 8192, "pingpong"),
+    (80, True, 2048, "interleaved"),
 ])
 def test_sm90_schedule(head_dim, causal, seqlen, schedule):
     plan = plan_for(prefill(head_dim=head_dim, causal=causal, seqlen_q=seqlen, seqlen_k=seqlen),
