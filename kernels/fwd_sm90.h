@@ -359,6 +359,18 @@ __device__ __forceinline__ tile_work work_of(const fmha_fwd_params &p, window wi
     return w;
 }
 
+/* for_each_tile over the tiles with rows: visit(tile, its tile_work). */
+template <bool PERSISTENT, int MASK, int BLOCK_M, int BLOCK_N, typename F>
+__device__ __forceinline__ void for_each_work(const tile_walk &walk, const fmha_fwd_params &p, window win,
+                                              F &&visit)
+{
+    for_each_tile<PERSISTENT>(walk, [&](const tile &cur) {
+        const tile_work w = work_of<MASK, BLOCK_M, BLOCK_N>(p, win, cur);
+        if (w.has_rows())
+            visit(cur, w);
+    });
+}
+
 #if FMHA_HAS_WGMMA
 /* The tile products of one consumer warpgroup (its 64 rows), from descriptors built once. */
 template <typename T, int HEAD_DIM, bool WIDE> struct tile_products {
@@ -647,10 +659,7 @@ fwd_sm90_kernel(const __grid_constant__ tensor_maps maps, const fmha_fwd_params 
             tma_prefetch_map(&maps.v);
             ring_pos<STAGES> pos;
             uint32_t visited = 0;
-            for_each_tile<PERSISTENT>(walk, [&](const tile &cur) {
-                const tile_work w = work_of<MASK, BLOCK_M, BLOCK_N>(p, win, cur);
-                if (!w.has_rows())
-                    return;
+            for_each_work<PERSISTENT, MASK, BLOCK_M, BLOCK_N>(walk, p, win, [&](const tile &cur, const tile_work &w) {
                 const sequence &seq = w.seq;
                 const int kv_head = cur.head / group, n_blocks = w.end_block - w.first_block;
                 const uint32_t q_parity = visited++ & 1;
@@ -738,10 +747,7 @@ fwd_sm90_kernel(const __grid_constant__ tensor_maps maps, const fmha_fwd_params 
 
         ring_pos<STAGES> ring; /* the K/V ring position at the start of the next tile */
         uint32_t visited = 0;
-        for_each_tile<PERSISTENT>(walk, [&](const tile &cur) {
-            const tile_work w = work_of<MASK, BLOCK_M, BLOCK_N>(p, win, cur);
-            if (!w.has_rows())
-                return;
+        for_each_work<PERSISTENT, MASK, BLOCK_M, BLOCK_N>(walk, p, win, [&](const tile &cur, const tile_work &w) {
             const sequence &seq = w.seq;
             const int m0 = w.m0, head = cur.head, b = cur.b, seqlen_q = seq.len_q, seqlen_k = seq.len_k;
             const int first_block = w.first_block, end_block = w.end_block, n_blocks = end_block - first_block;
