@@ -16,7 +16,7 @@ for spec in "$@"; do
    PYTHONPATH="$tree" OMP_NUM_THREADS=2 timeout "${FILE_TIMEOUT:-300}" python3 -m pytest -q -p no:cacheprovider \
      "$file" ${expr:+-k "$expr"} > "$out/tests_$tag.log" 2>&1
    rc=$?
-   echo "[$(( $(date +%s) - start )) s rc=$rc] $spec: $(grep -E "passed|failed|error" "$out/tests_$tag.log" | tail -1)"
+   echo "[$(( $(date +%s) - start )) s rc=$rc] $spec: $(grep -E "passed|failed|error|skipped" "$out/tests_$tag.log" | tail -1)"
    [ $rc -ne 0 ] && grep -E "^(FAILED|ERROR)" "$out/tests_$tag.log" | head -5) &
 done
 wait
