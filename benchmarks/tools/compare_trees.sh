@@ -26,7 +26,7 @@ bench_args=$1 rounds=$2; shift 2
 # FIELDS=plain_ms,softcap_ms compare_trees.sh "--only cost" 2 trees/main .
 bench=${BENCH:-benchmarks/bench.py} fixed_args=${BENCH_FIXED_ARGS---no-check}
 here=$(pwd)
-out=${OUT:-/tmp/fmha_out}/compare
+out=${OUT:-/tmp/fmha_out}/${COMPARE_DIR:-compare}
 mkdir -p "$out"
 tree_path() { if [ -d "$here/$1/src/fmha_native" ]; then echo "$here/$1/src"; else echo "$here/$1"; fi; }
 tag() { echo "$1" | tr -c 'A-Za-z0-9_\n' '_'; }
@@ -45,7 +45,7 @@ import glob, json, os, statistics, sys
 out, trees = sys.argv[1], sys.argv[2:]
 fields = os.environ["FIELDS"].split(",")
 tag = lambda t: "".join(c if c.isalnum() or c == "_" else "_" for c in t)
-ms = {}
+ms, peer = {}, {}
 for t in trees:
     for path in glob.glob(os.path.join(out, tag(t) + "_*.json")):
         for row in json.load(open(path))["rows"]:
@@ -53,11 +53,17 @@ for t in trees:
                 if f in row:
                     key = tuple(row["shape"]) + ((f,) if len(fields) > 1 else ())
                     ms.setdefault(key, {}).setdefault(t, []).append(row[f])
+                    if f == "ours_ms" and row.get("cudnn_ms"):
+                        peer.setdefault(key, {}).setdefault(t, []).append(row["cudnn_ms"] / row[f])
 print(f"median {'/'.join(fields)} over rounds; ratio = tree / " + trees[0])
-print(f"{'shape':40s}" + "".join(f"{t[-14:]:>16s}" for t in trees) + "".join(f"{'ratio ' + t[-8:]:>16s}" for t in trees[1:]))
+# vs cuDNN: each tree's median of cuDNN's time over ours, both from the same process
+print(f"{'shape':40s}" + "".join(f"{t[-14:]:>16s}" for t in trees) + "".join(f"{'ratio ' + t[-8:]:>16s}" for t in trees[1:])
+      + ("".join(f"{'cuDNN/' + t[-9:]:>16s}" for t in trees) if peer else ""))
 for shape, per in ms.items():
     med = [statistics.median(per[t]) if t in per else None for t in trees]
     cells = "".join(f"{m:16.4f}" if m is not None else f"{'-':>16s}" for m in med)
     ratios = "".join(f"{m / med[0]:16.3f}" if m is not None and med[0] else f"{'-':>16s}" for m in med[1:])
-    print(f"{str(shape):40s}{cells}{ratios}")
+    vs = "".join(f"{statistics.median(peer[shape][t]):16.3f}" if t in peer.get(shape, {}) else f"{'-':>16s}"
+                 for t in trees) if peer else ""
+    print(f"{str(shape):40s}{cells}{ratios}{vs}")
 PY

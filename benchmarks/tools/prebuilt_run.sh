@@ -5,8 +5,9 @@
 # in $OUT, the outcomes and tables printed last.
 #   bash benchmarks/tools/prebuilt_run.sh [STAGE ...]      (default: tests bench)
 # Stages:
-#   tests     TEST_SPECS (tree_tests.sh arguments) under FILE_TIMEOUT, with memcheck,
-#             racecheck and synccheck of SANITIZE_K (test_gpu_sm90.py -k) beside them
+#   tests     TEST_SPECS (tree_tests.sh arguments) under FILE_TIMEOUT, VARIANT_TEST_SPECS in
+#             each tree of TREES, and beside them memcheck, racecheck and synccheck
+#             (SANITIZE_TOOLS) of SANITIZE_K (test_gpu_sm90.py -k) in SANITIZE_TREE
 #   bench     benchmarks/bench.py --varlen --reps 20 (bench.json, results_tables.md) and
 #             bench_features.py FEATURES_ARGS (features.json)
 #   trees     compare_trees.sh NO_BUILD=1 "$COMPARE_ARGS" 2 . $TREES (BENCH/FIELDS as there)
@@ -42,18 +43,23 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu 
 (cd /tmp && PYTHONPATH="$here" python3 -c "import fmha_native as f; i = f.info(); print({k: i[k] for k in ('version', 'backends') if k in i})")
 if has tests; then
   start=$(date +%s)
-  sanitize() {  # sanitize TOOL: the sm90 subset under one compute-sanitizer tool
-    PYTHONPATH="$here" timeout "${SANITIZE_TIMEOUT:-240}" compute-sanitizer --tool "$1" --error-exitcode 3 \
+  sanitize() {  # sanitize TOOL: the sm90 subset of SANITIZE_TREE under one compute-sanitizer tool
+    (cd "$here/${SANITIZE_TREE:-.}" && PYTHONPATH=$(pwd) timeout "${SANITIZE_TIMEOUT:-240}" compute-sanitizer --tool "$1" --error-exitcode 3 \
       python3 -m pytest -q -p no:cacheprovider tests/test_gpu_sm90.py -k "${SANITIZE_K:-gqa_ratios or packed_qkv}" \
-      > "$OUT/sm90_$1.log" 2>&1
+      > "$OUT/sm90_$1.log" 2>&1)
     local rc=$?
-    echo "[$(( $(date +%s) - start )) s rc=$rc] sm90 $1 (-k ${SANITIZE_K:-gqa_ratios or packed_qkv}):" \
+    echo "[$(( $(date +%s) - start )) s rc=$rc] ${SANITIZE_TREE:-.} sm90 $1 (-k ${SANITIZE_K:-gqa_ratios or packed_qkv}):" \
       "$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$OUT/sm90_$1.log" | tail -1); $(grep -E "passed|failed" "$OUT/sm90_$1.log" | tail -1)"
   }
   for tool in ${SANITIZE_TOOLS:-memcheck racecheck synccheck}; do sanitize "$tool" & done
   # shellcheck disable=SC2086  # TEST_SPECS is a list of tree_tests.sh arguments
   eval "set -- ${TEST_SPECS:-tests/test_gpu.py}"
-  FILE_TIMEOUT=${FILE_TIMEOUT:-240} bash benchmarks/tools/tree_tests.sh "$@"
+  FILE_TIMEOUT=${FILE_TIMEOUT:-240} bash benchmarks/tools/tree_tests.sh "$@" &
+  # VARIANT_TEST_SPECS: the same in each tree of TREES, side by side
+  if [ -n "${VARIANT_TEST_SPECS:-}" ]; then
+    eval "set -- $VARIANT_TEST_SPECS"
+    for t in ${TREES:-}; do TREE=$t FILE_TIMEOUT=${FILE_TIMEOUT:-240} bash benchmarks/tools/tree_tests.sh "$@" & done
+  fi
   wait
   tar -czf "$OUT/test_logs.tgz" -C "$OUT" $(cd "$OUT" && ls tests_*.log sm90_*.log 2>/dev/null) &&
     (cd "$OUT" && rm -f tests_*.log sm90_*.log)
@@ -68,8 +74,8 @@ if has bench; then
 fi
 if has trees; then
   # shellcheck disable=SC2086  # TREES is a list of directories
-  NO_BUILD=1 bash benchmarks/tools/compare_trees.sh "${COMPARE_ARGS:---set all}" "${COMPARE_ROUNDS:-2}" . $TREES \
-    > "$OUT/compare.log" 2>&1
+  NO_BUILD=1 COMPARE_DIR=${COMPARE_DIR:-compare} bash benchmarks/tools/compare_trees.sh "${COMPARE_ARGS:---set all}" \
+    "${COMPARE_ROUNDS:-2}" . $TREES > "$OUT/${COMPARE_DIR:-compare}.log" 2>&1
 fi
 if has sweep; then
   # shellcheck disable=SC2086  # SWEEP_ARGS is a list of options
@@ -78,5 +84,8 @@ if has sweep; then
 fi
 has bench && { cat "$OUT/features.log"; cat "$OUT/bench.log"; }
 has sweep && tail -25 "$OUT/sweep.log"
-has trees && sed -n '/^median/,$p' "$OUT/compare.log"
+has trees && sed -n '/^median/,$p' "$OUT/${COMPARE_DIR:-compare}.log"
+# Everything in $OUT goes into one archive (the device tool returns at most 8 files), so
+# calls of this script in one device command keep their files apart with OUT_TAG.
+(cd "$OUT" && tar -czf "out_${OUT_TAG:-$$}.tgz" --exclude='out_*.tgz' --remove-files -- * 2>/dev/null)
 exit 0

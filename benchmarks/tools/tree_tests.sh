@@ -11,12 +11,12 @@ tree=$(cd "${TREE:-.}" && pwd)
 for spec in "$@"; do
   file=${spec%%::*} expr=""
   [[ $spec == *::-k\ * ]] && expr=${spec#*::-k }
-  tag=$(echo "$spec" | tr -c 'A-Za-z0-9_\n' '_' | cut -c1-60)
+  tag=$(echo "${TREE:+$(basename "$TREE")_}$spec" | tr -c 'A-Za-z0-9_\n' '_' | cut -c1-60)
   (cd "$tree" && start=$(date +%s) &&
    PYTHONPATH="$tree" OMP_NUM_THREADS=2 timeout "${FILE_TIMEOUT:-300}" python3 -m pytest -q -p no:cacheprovider \
      "$file" ${expr:+-k "$expr"} > "$out/tests_$tag.log" 2>&1
    rc=$?
-   echo "[$(( $(date +%s) - start )) s rc=$rc] $spec: $(grep -E "passed|failed|error|skipped" "$out/tests_$tag.log" | tail -1)"
+   echo "[$(( $(date +%s) - start )) s rc=$rc] ${TREE:+$TREE: }$spec: $(grep -E "passed|failed|error|skipped" "$out/tests_$tag.log" | tail -1)"
    [ $rc -ne 0 ] && grep -E "^(FAILED|ERROR)" "$out/tests_$tag.log" | head -5) &
 done
 wait
