@@ -17,7 +17,9 @@
  * rows, split); its rows are cut into tiles of kern->tile_rows rows that live
  * in the vector lanes (cpu_simd.h).  The item walks its split's key blocks
  * once, converting each K/V block to fp32 once for all its tiles, and runs
- * S = Q K^T, softcap, mask, online softmax and O += P V per tile.
+ * S = Q K^T, softcap, mask, online softmax and O += P V per tile.  With bf16
+ * Q, K and V on a CPU with AVX-512 BF16 (the pair level) Q and K stay bf16,
+ * in pairs, and S is their dot product, scaled after; the rest is the same.
  *
  * Model features (fmha.h).  A window bounds each row's keys on both sides: the
  * splits share the blocks the sequence can see at all (from its first row's
@@ -57,6 +59,8 @@
 #include "cpu_simd.h"
 #define FMHA_ISA FMHA_ISA_AVX512
 #include "cpu_simd.h"
+#define FMHA_ISA FMHA_ISA_AVX512BF16
+#include "cpu_simd.h"
 #else
 #define FMHA_CPU_X86 0
 #endif
@@ -90,21 +94,25 @@
 static _Atomic(const fmha_cpu_kernels *) g_kernels;
 
 /*
- * FMHA_CPU_SIMD=scalar|avx2|avx512 can lower the choice (tests, A/B timing); never
- * raise it.  Unset, empty, "auto" or any other value means the best path the CPU
- * has; fmha_native/__init__.py warns about a value outside that list (keep the
- * names in step with its _SIMD_NAMES).
+ * FMHA_CPU_SIMD=scalar|avx2|avx512|avx512bf16 can lower the choice (tests, A/B
+ * timing); never raise it.  "avx512" is the fp32 AVX-512 kernels for every dtype;
+ * "avx512bf16" adds the bf16 pair path (bf16 Q/K/V only, cpu_simd.h).  Unset,
+ * empty, "auto" or any other value means the best path the CPU has;
+ * fmha_native/__init__.py warns about a value outside that list (keep the names in
+ * step with its _SIMD_NAMES).
  */
 static int isa_env_cap(void)
 {
     const char *env = getenv("FMHA_CPU_SIMD");
     if (!env)
-        return FMHA_ISA_AVX512;
+        return FMHA_ISA_AVX512BF16;
     if (strcmp(env, "scalar") == 0)
         return FMHA_ISA_SCALAR;
     if (strcmp(env, "avx2") == 0)
         return FMHA_ISA_AVX2;
-    return FMHA_ISA_AVX512; /* "avx512", "auto" and anything else */
+    if (strcmp(env, "avx512") == 0)
+        return FMHA_ISA_AVX512;
+    return FMHA_ISA_AVX512BF16; /* "avx512bf16", "auto" and anything else */
 }
 
 static const fmha_cpu_kernels *select_kernels(void)
@@ -120,8 +128,13 @@ static const fmha_cpu_kernels *select_kernels(void)
                    __builtin_cpu_supports("f16c");
     if (cap >= FMHA_ISA_AVX2 && has_avx2)
         k = &fmha_cpu_kernels_avx2;
-    if (cap >= FMHA_ISA_AVX512 && has_avx2 && __builtin_cpu_supports("avx512f"))
+    int has_avx512 = has_avx2 && __builtin_cpu_supports("avx512f");
+    if (cap >= FMHA_ISA_AVX512 && has_avx512)
         k = &fmha_cpu_kernels_avx512;
+    /* libgcc reports AVX-512 features only where the OS saves the zmm state (XCR0). */
+    if (cap >= FMHA_ISA_AVX512BF16 && has_avx512 && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512bf16"))
+        k = &fmha_cpu_kernels_avx512bf16;
 #else
     (void)cap;
 #endif
@@ -490,6 +503,7 @@ typedef struct fwd_job {
     int64_t chunks;      /* work items per (batch, unit, split): of the longest sequence */
     int64_t splits;
     int64_t kv_ld;       /* floats between rows of the fp32 K/V blocks */
+    int64_t k_ld;        /* between rows of the K block: kv_ld, or words of bf16 pairs */
     int64_t win_right;   /* keys a row sees past its position (-1 = all; 0 when causal) */
     float softcap_log2;  /* softcap in the log2 domain of the scores (0 = off) */
     float *o_accum;      /* split partials, NULL when num_splits == 1 */
@@ -502,14 +516,15 @@ typedef struct fwd_job {
 
 /* One worker's scratch, carved from its slice of fwd_job.ws. */
 typedef struct fwd_scratch {
-    float *qt;       /* [chunk_tiles][head_dim][tile_rows] Q * scale_log2, transposed */
+    float *qt;       /* [chunk_tiles][head_dim][tile_rows] Q * scale_log2, transposed (pair
+                        level: a tile's first (head_dim + 1) / 2 rows hold Q's pairs, unscaled) */
     float *ot;       /* [chunk_tiles][head_dim][tile_rows] O accumulator, transposed */
     float *m, *l;    /* [chunk_tiles][tile_rows] running max (log2 domain) and sum */
     float *alpha;    /* [tile_rows] rescale of the current step */
     float *limit;    /* [tile_rows] last visible key relative to the current key block */
     float *first;    /* [tile_rows] first visible key relative to the current key block */
     float *st;       /* [block_n][tile_rows] scores, then probabilities */
-    float *kbuf;     /* [block_n][kv_ld] K block in fp32 */
+    float *kbuf;     /* [block_n][kv_ld] K block in fp32 (pair level: [block_n][k_ld] words) */
     float *vbuf;     /* [block_n][kv_ld] V block in fp32 */
     float *rows;     /* [tile_rows][head_dim] a tile's rows in fp32, on their way in or out */
     int64_t *lim;    /* [chunk_tiles][tile_rows] last key each row sees */
@@ -679,11 +694,26 @@ static void write_row(const fwd_job *job, float *vals, float m, float l, int64_t
                h * p->lse_head_stride] = lse;
 }
 
+/* Rows [row, row + rows) of the K block from src (rows k_row_stride apart): widened to
+ * fp32, or at the pair level copied as bf16 pairs of features. */
+static void load_k_rows(const fwd_job *job, fwd_scratch *s, int64_t row, const void *src,
+                        int64_t rows, fmha_dtype kv)
+{
+    const fmha_fwd_params *p = job->p;
+    if (job->kern->pairs)
+        job->kern->pack_k((uint32_t *)(void *)s->kbuf + row * job->k_ld, job->k_ld,
+                          (const uint16_t *)src, rows, p->k_row_stride, p->head_dim);
+    else
+        job->kern->widen(s->kbuf + row * job->k_ld, job->k_ld, src, rows, p->k_row_stride,
+                         p->head_dim, kv);
+}
+
 /*
- * Keys [n0, n0 + nb) of sequence b, kv head kvh, into the fp32 blocks.  Every dtype is
- * copied, f32 included: cache rows are heads_kv * head_dim apart, and a block read in
- * place at a power-of-two stride keeps hitting the same few L1 sets (so does head_dim
- * itself: the copy's rows are job->kv_ld apart).  A paged cache is copied one run of
+ * Keys [n0, n0 + nb) of sequence b, kv head kvh, into the fp32 blocks (K as bf16 pairs
+ * at the pair level: load_k_rows).  Every dtype is copied, f32 included: cache rows are
+ * heads_kv * head_dim apart, and a block read in place at a power-of-two stride keeps
+ * hitting the same few L1 sets (so does head_dim itself: the copy's rows are job->kv_ld,
+ * or job->k_ld, apart).  A paged cache is copied one run of
  * rows within a page at a time; the caller keeps the keys before the sequence's
  * key_end, so every page read here is in range.
  */
@@ -700,8 +730,7 @@ static void load_kv(const fwd_job *job, fwd_scratch *s, int64_t b, const seq_geo
         int64_t row = g->k0 + n0;
         int64_t k_off = (p->cu_seqlens_k ? 0 : b * p->k_batch_stride) + row * p->k_row_stride + kh;
         int64_t v_off = (p->cu_seqlens_k ? 0 : b * p->v_batch_stride) + row * p->v_row_stride + vh;
-        job->kern->widen(s->kbuf, job->kv_ld, kp + (size_t)k_off * es, nb, p->k_row_stride,
-                         p->head_dim, kv);
+        load_k_rows(job, s, 0, kp + (size_t)k_off * es, nb, kv);
         job->kern->widen(s->vbuf, job->kv_ld, vp + (size_t)v_off * es, nb, p->v_row_stride,
                          p->head_dim, kv);
         return;
@@ -713,8 +742,7 @@ static void load_kv(const fwd_job *job, fwd_scratch *s, int64_t b, const seq_geo
         int64_t run = min64(p->page_size - slot, n0 + nb - j);
         int64_t k_off = page * p->k_batch_stride + slot * p->k_row_stride + kh;
         int64_t v_off = page * p->v_batch_stride + slot * p->v_row_stride + vh;
-        job->kern->widen(s->kbuf + (j - n0) * job->kv_ld, job->kv_ld, kp + (size_t)k_off * es,
-                         run, p->k_row_stride, p->head_dim, kv);
+        load_k_rows(job, s, j - n0, kp + (size_t)k_off * es, run, kv);
         job->kern->widen(s->vbuf + (j - n0) * job->kv_ld, job->kv_ld, vp + (size_t)v_off * es,
                          run, p->v_row_stride, p->head_dim, kv);
         j += run;
@@ -817,7 +845,10 @@ static void fwd_item(void *ctx, int64_t item, int worker)
             low_lo = min64(low_lo, low);
             low_hi = max64(low_hi, low);
         }
-        kern->load_q(s.qt + t * hd * tr, s.rows, hd, q_scale);
+        if (kern->pairs)
+            kern->pack_q((uint32_t *)(void *)(s.qt + t * hd * tr), s.rows, hd);
+        else
+            kern->load_q(s.qt + t * hd * tr, s.rows, hd, q_scale);
         s.lim_lo[t] = lo;
         s.lim_hi[t] = hi;
         s.low_lo[t] = low_lo;
@@ -848,7 +879,13 @@ static void fwd_item(void *ctx, int64_t item, int worker)
                 continue;
             float *m = s.m + t * tr, *l = s.l + t * tr;
             float *ot = s.ot + t * hd * tr;
-            kern->gemm(s.qt + t * hd * tr, hd, s.kbuf, job->kv_ld, 1, nb, s.st, NULL);
+            /* The pair level scales the scores (its Q stays bf16); the others scaled Q. */
+            if (kern->pairs)
+                kern->gemm_pairs((const uint32_t *)(const void *)(s.qt + t * hd * tr),
+                                 (hd + 1) / 2, (const uint32_t *)(const void *)s.kbuf, job->k_ld,
+                                 1, nb, s.st, q_scale);
+            else
+                kern->gemm(s.qt + t * hd * tr, hd, s.kbuf, job->kv_ld, 1, nb, s.st, NULL);
             if (job->softcap_log2 > 0.0f) {
                 /* c tanh(s / c) on the natural-log score is c' tanh(s' / c') on its log2
                  * form s' = s log2(e), with c' = c log2(e); masking comes after, so a
@@ -1043,6 +1080,10 @@ fmha_status fmha_cpu_fwd(fmha_fwd_params *p)
     job.p = p;
     job.seqs = own.seqs;
     job.kern = select_kernels();
+    /* The pair level takes bf16 Q, K and V only; anything else runs the fp32 kernels. */
+    if (job.kern->pairs &&
+        !(p->dtype == FMHA_DTYPE_BF16 && fmha_kv_dtype(p) == FMHA_DTYPE_BF16))
+        job.kern = job.kern->fp32;
     job.group = p->heads_q / p->heads_kv;
     /* Rows are independent, so packing a kv head's query heads into one tile is free to choose. */
     job.pack = job.group > 1 ? job.group : 1;
@@ -1051,6 +1092,9 @@ fmha_status fmha_cpu_fwd(fmha_fwd_params *p)
     /* Rows of whole cache lines plus one, so a column walk spreads over the L1 sets. */
     job.kv_ld = ceil_div(p->head_dim, FMHA_CPU_LINE_FLOATS) * FMHA_CPU_LINE_FLOATS +
                 FMHA_CPU_LINE_FLOATS;
+    job.k_ld = !job.kern->pairs ? job.kv_ld
+                                : ceil_div((p->head_dim + 1) / 2, FMHA_CPU_LINE_FLOATS) *
+                                          FMHA_CPU_LINE_FLOATS + FMHA_CPU_LINE_FLOATS;
     job.win_right = fmha_window_right(p);
     job.softcap_log2 = (float)((double)p->softcap * 1.4426950408889634);
 

@@ -2,15 +2,18 @@
  * cpu_simd.h: the CPU backend's inner kernels, written once and instantiated
  * per instruction set.
  *
- * Owns the vector primitives of each ISA (AVX-512, AVX2+FMA, and a portable
- * "scalar" vector of plain floats), the fast exp2, and the kernels the tile
- * loop in cpu_fwd.c calls through an fmha_cpu_kernels table:
+ * Owns the vector primitives of each ISA (AVX-512 with and without BF16 dot
+ * products, AVX2+FMA, and a portable "scalar" vector of plain floats), the fast
+ * exp2, and the kernels the tile loop in cpu_fwd.c calls through an
+ * fmha_cpu_kernels table:
  *   gemm             C^T += A^T * B: the score (S = Q K^T) and P V products
  *   mask             causal / window mask of a score tile
  *   softmax          one online-softmax step over a score tile
  *   softcap          c * tanh(s / c) over a score tile (logit softcapping)
  *   load_q, store_o  a tile's rows into and out of the lanes (8 x 8 transposes)
  *   widen            rows of any dtype to fp32 (K/V blocks, query rows)
+ *   pack_q, pack_k   bf16 Q into the lanes and K rows, as bf16 pairs (pair level)
+ *   gemm_pairs       S = Q K^T on bf16 pairs (pair level)
  *
  * Layout: a tile keeps its query rows in the vector lanes.  Q, the scores and
  * the O accumulator are stored transposed, [feature or key][tile row], so the
@@ -21,6 +24,30 @@
  * its own register-blocked instantiation).  Every lane's arithmetic is
  * the same sequence whatever the other lanes hold, which keeps a row's result
  * independent of the other rows.
+ *
+ * The pair level (FMHA_ISA_AVX512BF16) runs S = Q K^T of bf16 Q/K/V on AVX-512
+ * BF16 dot products (vdpbf16ps; lane i: c += a.lo * b.lo + a.hi * b.hi on 32-bit
+ * words holding two bf16).  It is the same product with other operands: Q is
+ * kept as bf16 pairs of features, [(head_dim + 1) / 2][tile_row] (pack_q), and
+ * the broadcast is one (d, d+1) word straight from a bf16 K row (pack_k copies
+ * the rows, no widening), so every lane's arithmetic is still its own.  An odd
+ * head_dim gets a zero partner in both (inside the scratch buffers; the
+ * caller's rows are never read past their end).  Numerics, against the fp32
+ * levels (which widen bf16 exactly and scale Q first):
+ *   - every bf16 x bf16 product is exact in fp32, and vdpbf16ps rounds each of
+ *     its two adds to nearest even, as an FMA chain does, so S is the fp32
+ *     chain over d of the exact products, then multiplied once by the scale
+ *     (gemm_pairs' scale argument): against the fp32 levels' chain of
+ *     fl(q * scale) * k, the per-term rounding of q * scale (relative 2^-24
+ *     each) becomes one rounding of the sum; none is added (rounding Q * scale
+ *     to bf16 instead would cost a relative 2^-9 per term);
+ *   - unlike an FMA it reads bf16 subnormal inputs (|x| < 2^-126) as 0 and
+ *     flushes a subnormal sum to 0: changes below 2^-126 absolute, far under
+ *     a score's own rounding.
+ * P V stays the fp32 product of the other levels (V widened exactly, P not
+ * rounded): rounding P to bf16 would cost a relative 2^-9 per weight, and a
+ * float32 out (and the split partials) must meet the fp32 bound, so the
+ * output's error stays that of the fp32 levels, inside the bf16 rounding.
  *
  * The first part (guarded) declares the table; the second part is a template
  * that cpu_fwd.c includes once per ISA with FMHA_ISA defined, which is why it
@@ -40,6 +67,8 @@
 #define FMHA_ISA_SCALAR 0
 #define FMHA_ISA_AVX2 1
 #define FMHA_ISA_AVX512 2
+/* AVX-512 plus BF16 dot products: the pair path for bf16 Q/K/V (the fp32 kernels otherwise). */
+#define FMHA_ISA_AVX512BF16 3
 
 /* Row vectors per tile: a tile has FMHA_CPU_ROW_VECS * lanes query rows. */
 #define FMHA_CPU_ROW_VECS 2
@@ -108,6 +137,27 @@ typedef struct fmha_cpu_kernels {
      * e4m3fn codes included: src_stride then counts bytes). */
     void (*widen)(float *dst, int64_t dst_stride, const void *src, int64_t rows,
                   int64_t src_stride, int64_t cols, fmha_dtype dtype);
+    /*
+     * The pair level only (pairs == 1; 0 / NULL elsewhere).  A word holds two bf16, the
+     * lower index in its low half; "0" pads an odd count.
+     */
+    int pairs;
+    /* The table for the problems the pair level does not take (any input not bf16). */
+    const struct fmha_cpu_kernels *fp32;
+    /* qp[p][r] = (rows[r][2p], rows[r][2p+1] or 0) as bf16, rows holding bf16 values. */
+    void (*pack_q)(uint32_t *qp, const float *rows, int64_t depth);
+    /* dst[n][p] = (src[n][2p], src[n][2p+1] or 0) for n < rows, p < (cols + 1) / 2:
+     * bf16 K rows (strides in elements of src, words of dst). */
+    void (*pack_k)(uint32_t *dst, int64_t dst_stride, const uint16_t *src, int64_t rows,
+                   int64_t src_stride, int64_t cols);
+    /*
+     * gemm over words: c[j][:] = scale * sum_t dot2(a[t][:], b[j*b_col + t*b_depth]) for
+     * j < cols, t < depth (strides and depth in words; t ascending, each step one
+     * vdpbf16ps: the low product added, then the high one, each add rounded; one
+     * multiply by scale at the end).
+     */
+    void (*gemm_pairs)(const uint32_t *a, int64_t depth, const uint32_t *b, int64_t b_col,
+                       int64_t b_depth, int64_t cols, float *c, float scale);
 } fmha_cpu_kernels;
 
 #define FMHA_F32_INF_BITS 0x7f800000u
@@ -229,10 +279,15 @@ static inline float fmha_normalize_lane(float o, float l) { return l == 0.0f ? 0
 /* ======================= per-ISA template ======================= */
 #ifdef FMHA_ISA
 
-#if FMHA_ISA == FMHA_ISA_AVX512
+#if FMHA_ISA == FMHA_ISA_AVX512 || FMHA_ISA == FMHA_ISA_AVX512BF16
 #include <immintrin.h>
+#if FMHA_ISA == FMHA_ISA_AVX512BF16
+#define FMHA_SFX(name) name##_avx512bf16
+#define FMHA_TARGET __attribute__((target("avx512bf16,avx512bw,avx512f,avx2,fma,f16c")))
+#else
 #define FMHA_SFX(name) name##_avx512
 #define FMHA_TARGET __attribute__((target("avx512f,avx2,fma,f16c")))
+#endif
 #define FMHA_LANES 16
 /* 32 vector registers: 2 x 12 accumulators plus operands. */
 #define FMHA_GEMM_COLS 12
@@ -449,14 +504,27 @@ FMHA_TARGET static FMHA_ALWAYS_INLINE FMHA_VEC FMHA_SFX(fmha_v_exp2)(FMHA_VEC x)
 }
 #endif
 
+#if FMHA_ISA == FMHA_ISA_AVX512BF16
+/* One word of bf16 data (read as bytes) in every lane. */
+FMHA_TARGET static FMHA_ALWAYS_INLINE __m512bh FMHA_SFX(fmha_v_bcast_word)(const float *p)
+{
+    uint32_t w;
+    memcpy(&w, p, sizeof w);
+    return (__m512bh)_mm512_set1_epi32((int)w);
+}
+#endif
+
 /*
  * The register-blocked product: `cols` (a compile-time constant after
  * inlining, <= FMHA_GEMM_COLS) output columns by FMHA_CPU_ROW_VECS row
- * vectors, held in registers over the whole depth loop.
+ * vectors, held in registers over the whole depth loop.  `pairs` (a constant
+ * too, 1 only at the pair level) makes the elements words of two bf16, each
+ * step a vdpbf16ps, and the result times scale (gemm_pairs); a and b then hold
+ * bf16 data, moved as bits only.
  */
 FMHA_TARGET static FMHA_ALWAYS_INLINE void FMHA_SFX(fmha_gemm_micro)(
     const float *a, int64_t depth, const float *b, int64_t b_col, int64_t b_depth, float *c,
-    const float *alpha, const int cols)
+    const float *alpha, const int cols, const int pairs, float scale)
 {
     FMHA_VEC acc[FMHA_GEMM_COLS][FMHA_CPU_ROW_VECS];
     if (alpha) {
@@ -484,11 +552,28 @@ FMHA_TARGET static FMHA_ALWAYS_INLINE void FMHA_SFX(fmha_gemm_micro)(
             av[r] = FMHA_V_LOAD(a + t * FMHA_TILE_ROWS + r * FMHA_LANES);
 #pragma GCC unroll 16
         for (int j = 0; j < cols; j++) {
+#if FMHA_ISA == FMHA_ISA_AVX512BF16
+            if (pairs) {
+                __m512bh bw = FMHA_SFX(fmha_v_bcast_word)(bp[j] + t * b_depth);
+#pragma GCC unroll 4
+                for (int r = 0; r < FMHA_CPU_ROW_VECS; r++)
+                    acc[j][r] = _mm512_dpbf16_ps(acc[j][r], (__m512bh)av[r], bw);
+                continue;
+            }
+#endif
             FMHA_VEC bv = FMHA_V_SET1(bp[j][t * b_depth]);
 #pragma GCC unroll 4
             for (int r = 0; r < FMHA_CPU_ROW_VECS; r++)
                 acc[j][r] = FMHA_V_FMA(av[r], bv, acc[j][r]);
         }
+    }
+    if (pairs) {
+        FMHA_VEC sv = FMHA_V_SET1(scale);
+#pragma GCC unroll 16
+        for (int j = 0; j < cols; j++)
+#pragma GCC unroll 4
+            for (int r = 0; r < FMHA_CPU_ROW_VECS; r++)
+                acc[j][r] = FMHA_V_MUL(acc[j][r], sv);
     }
 #pragma GCC unroll 16
     for (int j = 0; j < cols; j++)
@@ -497,14 +582,15 @@ FMHA_TARGET static FMHA_ALWAYS_INLINE void FMHA_SFX(fmha_gemm_micro)(
             FMHA_V_STORE(c + j * FMHA_TILE_ROWS + r * FMHA_LANES, acc[j][r]);
 }
 
-FMHA_TARGET static void FMHA_SFX(fmha_gemm)(const float *a, int64_t depth, const float *b,
-                                            int64_t b_col, int64_t b_depth, int64_t cols,
-                                            float *c, const float *alpha)
+/* gemm (pairs 0) and gemm_pairs (pairs 1): whole register blocks, then the tail. */
+FMHA_TARGET static FMHA_ALWAYS_INLINE void FMHA_SFX(fmha_gemm_cols)(
+    const float *a, int64_t depth, const float *b, int64_t b_col, int64_t b_depth, int64_t cols,
+    float *c, const float *alpha, const int pairs, float scale)
 {
     int64_t j = 0;
     for (; j + FMHA_GEMM_COLS <= cols; j += FMHA_GEMM_COLS)
         FMHA_SFX(fmha_gemm_micro)(a, depth, b + j * b_col, b_col, b_depth,
-                                  c + j * FMHA_TILE_ROWS, alpha, FMHA_GEMM_COLS);
+                                  c + j * FMHA_TILE_ROWS, alpha, FMHA_GEMM_COLS, pairs, scale);
     float *ct = c + j * FMHA_TILE_ROWS;
     const float *bt = b + j * b_col;
     /* The tail: one instantiation per width, so it is register-blocked too. */
@@ -513,7 +599,7 @@ FMHA_TARGET static void FMHA_SFX(fmha_gemm)(const float *a, int64_t depth, const
     case w:                                                                           \
         if (w < FMHA_GEMM_COLS)                                                       \
             FMHA_SFX(fmha_gemm_micro)(a, depth, bt, b_col, b_depth, ct, alpha,        \
-                                      w < FMHA_GEMM_COLS ? w : 1);                    \
+                                      w < FMHA_GEMM_COLS ? w : 1, pairs, scale);      \
         break;
         FMHA_GEMM_TAIL(1)
         FMHA_GEMM_TAIL(2)
@@ -531,6 +617,26 @@ FMHA_TARGET static void FMHA_SFX(fmha_gemm)(const float *a, int64_t depth, const
         break;
     }
 }
+
+FMHA_TARGET static void FMHA_SFX(fmha_gemm)(const float *a, int64_t depth, const float *b,
+                                            int64_t b_col, int64_t b_depth, int64_t cols,
+                                            float *c, const float *alpha)
+{
+    FMHA_SFX(fmha_gemm_cols)(a, depth, b, b_col, b_depth, cols, c, alpha, 0, 1.0f);
+}
+
+#if FMHA_ISA == FMHA_ISA_AVX512BF16
+/* The words travel as float bits: only vector loads (which may alias) and memcpy read them. */
+FMHA_TARGET static void FMHA_SFX(fmha_gemm_pairs)(const uint32_t *a, int64_t depth,
+                                                  const uint32_t *b, int64_t b_col,
+                                                  int64_t b_depth, int64_t cols, float *c,
+                                                  float scale)
+{
+    FMHA_SFX(fmha_gemm_cols)((const float *)(const void *)a, depth,
+                             (const float *)(const void *)b, b_col, b_depth, cols, c, NULL, 1,
+                             scale);
+}
+#endif
 
 FMHA_TARGET static void FMHA_SFX(fmha_mask)(float *s, int64_t keys, const float *first,
                                             const float *limit)
@@ -718,8 +824,42 @@ FMHA_TARGET static void FMHA_SFX(fmha_widen)(float *dst, int64_t dst_stride, con
         FMHA_SFX(fmha_widen_row)(dst + i * dst_stride, h + i * src_stride, cols, dtype);
 }
 
+#if FMHA_ISA == FMHA_ISA_AVX512BF16
+/* Words are little-endian pairs: the low half is the element at the lower index. */
+#define FMHA_BF16_HIGH_MASK 0xffff0000u
+
+FMHA_TARGET static void FMHA_SFX(fmha_pack_q)(uint32_t *qp, const float *rows, int64_t depth)
+{
+    for (int64_t p = 0; 2 * p < depth; p++)
+        for (int r = 0; r < FMHA_TILE_ROWS; r++) {
+            const float *row = rows + r * depth;
+            uint32_t lo = fmha_f32_to_bits(row[2 * p]) >> FMHA_BF16_SHIFT;
+            uint32_t hi = 2 * p + 1 < depth
+                              ? fmha_f32_to_bits(row[2 * p + 1]) & FMHA_BF16_HIGH_MASK
+                              : 0u;
+            qp[p * FMHA_TILE_ROWS + r] = lo | hi;
+        }
+}
+
+FMHA_TARGET static void FMHA_SFX(fmha_pack_k)(uint32_t *dst, int64_t dst_stride,
+                                              const uint16_t *src, int64_t rows,
+                                              int64_t src_stride, int64_t cols)
+{
+    int64_t even = cols & ~(int64_t)1;
+    for (int64_t i = 0; i < rows; i++) {
+        memcpy(dst + i * dst_stride, src + i * src_stride, (size_t)even * sizeof(uint16_t));
+        if (cols != even)
+            dst[i * dst_stride + even / 2] = src[i * src_stride + even];
+    }
+}
+
+#undef FMHA_BF16_HIGH_MASK
+#endif
+
 static const fmha_cpu_kernels FMHA_SFX(fmha_cpu_kernels) = {
-#if FMHA_ISA == FMHA_ISA_AVX512
+#if FMHA_ISA == FMHA_ISA_AVX512BF16
+    .name = "avx512bf16",
+#elif FMHA_ISA == FMHA_ISA_AVX512
     .name = "avx512",
 #elif FMHA_ISA == FMHA_ISA_AVX2
     .name = "avx2",
@@ -735,6 +875,13 @@ static const fmha_cpu_kernels FMHA_SFX(fmha_cpu_kernels) = {
     .load_q = FMHA_SFX(fmha_load_q),
     .store_o = FMHA_SFX(fmha_store_o),
     .widen = FMHA_SFX(fmha_widen),
+#if FMHA_ISA == FMHA_ISA_AVX512BF16
+    .pairs = 1,
+    .fp32 = &fmha_cpu_kernels_avx512,
+    .pack_q = FMHA_SFX(fmha_pack_q),
+    .pack_k = FMHA_SFX(fmha_pack_k),
+    .gemm_pairs = FMHA_SFX(fmha_gemm_pairs),
+#endif
 };
 
 #undef FMHA_SFX

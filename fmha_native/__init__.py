@@ -74,7 +74,7 @@ __all__ = ["FmhaError", "Tensor", "combine", "explain", "forward", "info", "refe
 # numbers and says why).
 _THREADS_PER_CPU_CAP = 4
 _THREADS_HARD_CAP = 1024
-_SIMD_NAMES = ("auto", "scalar", "avx2", "avx512")
+_SIMD_NAMES = ("auto", "scalar", "avx2", "avx512", "avx512bf16")
 # The names csrc/gpu.c (fmha_gpu_prefill_choice) knows; any other value means auto.
 _PREFILL_KERNEL_NAMES = ("auto", "mma", "sm90")
 

@@ -212,7 +212,7 @@ def test_info_keys():
     for dev in info["devices"]:
         assert {"ordinal", "name", "arch", "sm_count"} <= set(dev)
     assert isinstance(info["cpu_threads"], int) and info["cpu_threads"] >= 1
-    assert info["cpu_simd"] in ("avx512", "avx2", "scalar")
+    assert info["cpu_simd"] in ("avx512bf16", "avx512", "avx2", "scalar")
     assert issubclass(fmha_native.FmhaError, RuntimeError)
 
 

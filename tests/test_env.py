@@ -11,7 +11,7 @@ import pytest
 from _harness import run_python
 
 # The rules the README states: a whole number of threads >= 1, at most 4 per online CPU
-# (and 1024 overall); SIMD names auto, scalar, avx2, avx512.
+# (and 1024 overall); SIMD names auto, scalar, avx2, avx512, avx512bf16.
 ONLINE = max(1, min(os.sysconf("SC_NPROCESSORS_ONLN"), 1024))
 CAP = min(1024, 4 * ONLINE)
 
@@ -88,10 +88,11 @@ def test_cpu_simd_known_names_are_quiet(default_simd):
     assert _run(FMHA_CPU_SIMD="auto")["simd"] == default_simd
     assert _run(FMHA_CPU_SIMD="auto")["warnings"] == []
     # A cap above what the CPU has is a cap, not a request: the best path it has runs.
-    for name in ("avx2", "avx512"):
+    for name, below in (("avx2", ("scalar",)), ("avx512", ("scalar", "avx2")),
+                        ("avx512bf16", ("scalar", "avx2", "avx512"))):
         got = _run(FMHA_CPU_SIMD=name)
         assert got["warnings"] == []
-        assert got["simd"] in ("scalar", "avx2", name)
+        assert got["simd"] in below + (name,)
 
 
 @pytest.mark.parametrize("value", ["SM90", "hopper", "wgmma", "mma ", "1"])
