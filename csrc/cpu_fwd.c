@@ -145,6 +145,17 @@ static const fmha_cpu_kernels *select_kernels(void)
 
 const char *fmha_cpu_simd_name(void) { return select_kernels()->name; }
 
+/* The pair level takes bf16 Q, K and V only; anything else runs the fp32 kernels. */
+static const fmha_cpu_kernels *kernels_for(const fmha_fwd_params *p)
+{
+    const fmha_cpu_kernels *k = select_kernels();
+    if (k->pairs && !(p->dtype == FMHA_DTYPE_BF16 && fmha_kv_dtype(p) == FMHA_DTYPE_BF16))
+        k = k->fp32;
+    return k;
+}
+
+const char *fmha_cpu_kernel_name(const fmha_fwd_params *p) { return kernels_for(p)->name; }
+
 int fmha_cpu_num_threads(void) { return fmha_pool_size(); }
 
 /* ------------------------------------------------------------------ */
@@ -1079,11 +1090,7 @@ fmha_status fmha_cpu_fwd(fmha_fwd_params *p)
     memset(&job, 0, sizeof job);
     job.p = p;
     job.seqs = own.seqs;
-    job.kern = select_kernels();
-    /* The pair level takes bf16 Q, K and V only; anything else runs the fp32 kernels. */
-    if (job.kern->pairs &&
-        !(p->dtype == FMHA_DTYPE_BF16 && fmha_kv_dtype(p) == FMHA_DTYPE_BF16))
-        job.kern = job.kern->fp32;
+    job.kern = kernels_for(p);
     job.group = p->heads_q / p->heads_kv;
     /* Rows are independent, so packing a kv head's query heads into one tile is free to choose. */
     job.pack = job.group > 1 ? job.group : 1;

@@ -365,7 +365,7 @@ static void kernel_name(const fmha_fwd_params *p, const fmha_plan *plan, char *b
     if (!plan->supported)
         snprintf(buf, len, "%s", "");
     else if (plan->backend == FMHA_BACKEND_CPU)
-        snprintf(buf, len, "cpu_tiled<%s,%s>", dtype_name(p->dtype), fmha_cpu_simd_name());
+        snprintf(buf, len, "cpu_tiled<%s,%s>", dtype_name(p->dtype), fmha_cpu_kernel_name(p));
     else if (plan->kernel_id == FMHA_KERNEL_GPU_SM90)
         snprintf(buf, len, "fwd_sm90<%s,d%lld%s,%s>", dtype_name(p->dtype), (long long)p->head_dim,
                  mask, plan->schedule == FMHA_SM90_PINGPONG ? "pingpong" : "interleaved");

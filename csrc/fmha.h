@@ -515,7 +515,8 @@ int64_t fmha_visible_key_blocks(const fmha_fwd_params *p, int64_t rows, int bloc
 fmha_status fmha_cpu_fwd(fmha_fwd_params *p);
 fmha_status fmha_cpu_combine(const fmha_combine_params *c);
 int fmha_cpu_num_threads(void);       /* pool size: FMHA_NUM_THREADS or the online CPUs */
-const char *fmha_cpu_simd_name(void); /* "avx512", "avx2", "scalar": chosen at run time */
+const char *fmha_cpu_simd_name(void); /* "avx512bf16", "avx512", "avx2", "scalar": chosen at run time */
+const char *fmha_cpu_kernel_name(const fmha_fwd_params *p); /* the level p's dtypes run on */
 
 /* ---- GPU backend (gpu.c; kernels/launch.hip underneath) ---- */
 int fmha_gpu_compiled(void);          /* 1 when kernels are built in */

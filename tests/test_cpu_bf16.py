@@ -69,6 +69,9 @@ def _check(q, k, v, **kw):
 def test_explain_names_the_pair_level():
     q, k, v = make_qkv(np.random.default_rng(0), 1, 4, 8, 2, 2, 16, "bf16")
     assert fmha_native.explain(q, k, v, device="cpu")["kernel"].endswith(",avx512bf16>")
+    # Other dtypes run the fp32 AVX-512 kernels, and explain() says so.
+    q, k, v = make_qkv(np.random.default_rng(0), 1, 4, 8, 2, 2, 16, "f16")
+    assert fmha_native.explain(q, k, v, device="cpu")["kernel"].endswith(",avx512>")
 
 
 @pytest.mark.parametrize("head_dim", [1, 2, 17, 64, 80, 96, 128, 255, 256])
