@@ -3,6 +3,9 @@ first runs warm up, ncu then profiles the launches it is told to.  PEER=cudnn
 or PEER=flash in the environment runs torch SDPA with that backend instead of
 fmha_native (same tensors, its [B, H, S, D] views), to profile a peer's kernels.
 KV=fp8 gives fmha_native K/V as float8_e4m3fn (an fp8 KV cache, factors 1).
+WINDOW=left runs fmha_native with window=(left, 0) (a sliding window; peers ignore it).
+LENS=device passes cache_seqlens = SK on the device (the length-independent plan, as
+bench_features.py's decode rows do).
 
     python benchmarks/tools/profile_case.py B HQ HKV SQ SK D causal [num_splits] [reps]
 """
@@ -33,7 +36,12 @@ if peer:
 else:
     if os.environ.get("KV") == "fp8":
         k, v = k.to(torch.float8_e4m3fn), v.to(torch.float8_e4m3fn)
-    print(fmha_native.explain(q, k, v, causal=bool(causal), num_splits=splits)["reason"])
+    kw = {"causal": bool(causal), "num_splits": splits}
+    if os.environ.get("WINDOW"):
+        kw["window"] = (int(os.environ["WINDOW"]), 0)
+    if os.environ.get("LENS") == "device":
+        kw["cache_seqlens"] = torch.full((b,), sk, dtype=torch.int32, device="cuda")
+    print(fmha_native.explain(q, k, v, **kw)["reason"])
     for _ in range(reps):
-        fmha_native.forward(q, k, v, causal=bool(causal), num_splits=splits)
+        fmha_native.forward(q, k, v, **kw)
 torch.cuda.synchronize()
