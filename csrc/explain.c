@@ -499,10 +499,16 @@ static void plan_reason(const fmha_fwd_params *p, const fmha_plan *plan, const f
             feature_names(fmha_features(p), features, sizeof features);
             snprintf(features + strlen(features), sizeof features - strlen(features), " in them");
         }
-        snprintf(buf, len, "%s tensor-core tiles %dx%d%s%s%s%s; %s%s%s%s",
+        char parts[160] = "";
+        const int o_parts = FMHA_GPU_O_PARTS(p->head_dim);
+        if (o_parts > 1)
+            snprintf(parts, sizeof parts, ", O in %d column parts of %lld (each part's tile computes "
+                     "S over all %lld features)", o_parts, (long long)(p->head_dim / o_parts),
+                     (long long)p->head_dim);
+        snprintf(buf, len, "%s tensor-core tiles %dx%d%s%s%s%s%s; %s%s%s%s",
                  plan->kernel_id == FMHA_KERNEL_GPU_DECODE ? "decode (few rows per kv head)" : "prefill",
                  plan->block_m, plan->block_n, plan->pack_gqa ? ", query heads of a kv head packed" : "",
-                 features[0] ? ", " : "", features, not_sm90, why, window,
+                 parts, features[0] ? ", " : "", features, not_sm90, why, window,
                  plan->kv_read_once ? "; K/V small next to L2: read with evict-first" : "", widen);
     }
 }

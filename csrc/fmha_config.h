@@ -41,10 +41,14 @@
  * (kernels/fwd_mma.h smem_tile), never the caller's memory; 192 is three
  * swizzled panels and takes 32 keys a step so two CTAs fit an SM.  32, 80, 96
  * and 192 are NVIDIA only (the MFMA operand reads walk whole 64-column panels,
- * and have been built for 64 and 128).  256 needs O split across warps: a
- * warp's 16 rows of 256 fp32 accumulators leave no registers (the decode
- * tiles spill).
+ * and have been built for 64 and 128).  256 runs O in two column parts
+ * (FMHA_GPU_O_PARTS): a warp's 16 rows of 256 fp32 accumulators leave no
+ * registers (the decode tiles spilled), so two walkers take the same rows and
+ * keys, each computes S over all 256 features and keeps 128 columns of O;
+ * its tiles hold the K rows whole and half of each V row.
  */
+/* Column parts of O per (tile, split) at a head_dim: 2 at 256, else 1.  NVIDIA only. */
+#define FMHA_GPU_O_PARTS(hd) ((hd) > 192 ? 2 : 1)
 #if defined(FMHA_WITH_HIP)
 #define FMHA_GPU_NVIDIA_ROW(X, ...)
 #else
@@ -56,7 +60,8 @@
     FMHA_GPU_NVIDIA_ROW(X, 80, 64, 64, 4, 3, 2, 1)  \
     FMHA_GPU_NVIDIA_ROW(X, 96, 64, 64, 4, 3, 2, 1)  \
     X(128, 64, 64, 4, 3, 2, 1)     \
-    FMHA_GPU_NVIDIA_ROW(X, 192, 64, 32, 4, 3, 2, 1)
+    FMHA_GPU_NVIDIA_ROW(X, 192, 64, 32, 4, 3, 2, 1) \
+    FMHA_GPU_NVIDIA_ROW(X, 256, 64, 32, 4, 2, 2, 1)
 
 /*
  * GPU decode tiles, for few rows per kv head (decode, speculative decoding):
@@ -72,7 +77,8 @@
     FMHA_GPU_NVIDIA_ROW(X, 80, 16, 32, FMHA_GPU_DECODE_WALKERS, 3, 1, FMHA_GPU_DECODE_WALKERS) \
     FMHA_GPU_NVIDIA_ROW(X, 96, 16, 32, FMHA_GPU_DECODE_WALKERS, 2, 1, FMHA_GPU_DECODE_WALKERS) \
     X(128, 16, 32, FMHA_GPU_DECODE_WALKERS, 3, 1, FMHA_GPU_DECODE_WALKERS) \
-    FMHA_GPU_NVIDIA_ROW(X, 192, 16, 16, FMHA_GPU_DECODE_WALKERS, 2, 1, FMHA_GPU_DECODE_WALKERS)
+    FMHA_GPU_NVIDIA_ROW(X, 192, 16, 16, FMHA_GPU_DECODE_WALKERS, 2, 1, FMHA_GPU_DECODE_WALKERS) \
+    FMHA_GPU_NVIDIA_ROW(X, 256, 16, 16, FMHA_GPU_DECODE_WALKERS, 2, 1, FMHA_GPU_DECODE_WALKERS)
 /*
  * Decode tiles for an fp8 e4m3fn KV cache (fwd_mma.h kv_ring widens each stage of codes
  * in shared memory): a walker spends issue slots on the widening, and one warp per
@@ -90,7 +96,8 @@
     X(80, 16, 16, FMHA_GPU_DECODE_WALKERS, 4, 2, FMHA_GPU_DECODE_WALKERS)  \
     X(96, 16, 16, FMHA_GPU_DECODE_WALKERS, 4, 2, FMHA_GPU_DECODE_WALKERS)  \
     X(128, 16, 16, FMHA_GPU_DECODE_WALKERS, 4, 2, FMHA_GPU_DECODE_WALKERS) \
-    X(192, 16, 16, FMHA_GPU_DECODE_WALKERS, 2, 1, FMHA_GPU_DECODE_WALKERS)
+    X(192, 16, 16, FMHA_GPU_DECODE_WALKERS, 2, 1, FMHA_GPU_DECODE_WALKERS) \
+    X(256, 16, 16, FMHA_GPU_DECODE_WALKERS, 2, 1, FMHA_GPU_DECODE_WALKERS)
 #endif
 
 /*
@@ -102,8 +109,8 @@
  * 112-key blocks: Q (48 KB) and two stages of 128-key K and V (4 x 48 KB) would
  * pass the 227 KB of shared memory, 112 keys fit (217 KB) with S at 56 floats a
  * thread next to O's 96.  Head_dim 256 takes 80-key blocks (Q 64 KB, two stages of K
- * and V 160 KB; O holds 128 registers a thread) and has no tensor-core tiles below:
- * it runs where this kernel runs (Hopper prefill, one split; plan.c).  Head_dims 80 and 96 run two
+ * and V 160 KB; O holds 128 registers a thread); KV caches and split plans at 256 run
+ * the tensor-core tiles above, O in two parts.  Head_dims 80 and 96 run two
  * 64-column panels whose last 48 or 32 columns TMA fills with zeros (fwd_sm90.h), on the d96
  * tiles; head_dim 32 runs one panel whose last 32 columns are zeros, on the d64 tiles (the
  * same panel: the same O registers and shared memory, shorter S products).

@@ -768,7 +768,9 @@ static void plan_kernel(const fmha_fwd_params *p, const fmha_target *t, int kern
     }
 
     const int64_t row_tiles = ceil_div(tile_rows(p, plan->pack_gqa), tiles.block_m);
-    const int64_t n_tiles = p->batch * (plan->pack_gqa ? p->heads_kv : p->heads_q) * row_tiles;
+    /* the tensor-core tiles run each column part of O as a tile of its own (fmha_config.h) */
+    const int64_t parts = kernel == FMHA_KERNEL_GPU_SM90 ? 1 : FMHA_GPU_O_PARTS(p->head_dim);
+    const int64_t n_tiles = p->batch * (plan->pack_gqa ? p->heads_kv : p->heads_q) * row_tiles * parts;
     const machine gpu = {dev->sm_count,
                          table_ctas > 0 ? table_ctas
                                         : gpu_ctas_per_sm(dev, kernel, config_row, p->head_dim, &tiles),

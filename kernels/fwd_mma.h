@@ -76,7 +76,11 @@ struct tile_config {
     static constexpr int head_dim = HEAD_DIM, block_m = BLOCK_M, block_n = BLOCK_N;
     static constexpr int warps = WARPS, stages = STAGES, ctas_per_sm = CTAS;
     static constexpr int walkers = WALKERS, walker_warps = WARPS / WALKERS;
+    /* O's column parts (fmha_config.h): a walker keeps v_cols columns of O and reads
+     * those of V, and computes S over all head_dim features. */
+    static constexpr int o_parts = FMHA_GPU_O_PARTS(HEAD_DIM), v_cols = HEAD_DIM / o_parts;
     static_assert(WARPS % WALKERS == 0, "every walker has the same warps");
+    static_assert(o_parts == 1 || v_cols % 64 == 0, "a part of O is whole 64-column panels");
     static_assert(WALKERS == 1 || WALKERS == 2 || WALKERS == 4, "walkers_per_split divides the walkers");
     static_assert(WALKERS == 1 || WARPS == WALKERS,
                   "a walker is the whole CTA or one warp (its barrier is __syncthreads or a warp's)");
@@ -252,8 +256,12 @@ __device__ const uint4 zero_chunk = {0u, 0u, 0u, 0u};
  * that would see one of its keys gets a NaN score and comes out NaN, while
  * rows that mask the key select -inf as for any other; its V rows are zeros.
  */
-template <int ROWS, int COLS, int THREADS, bool PLAIN = false> struct paged_rows {
-    using tile = smem_tile<ROWS, COLS, PLAIN>; /* COLS: stored_cols of the cache's rows */
+template <int ROWS, int COLS, int THREADS, bool PLAIN = false, int V_COLS = COLS> struct paged_rows {
+    using tile = smem_tile<ROWS, COLS, PLAIN>; /* COLS: stored_cols of the cache's K rows */
+    /* V_COLS: of the V rows a walker reads (its part of O, fmha_config.h FMHA_GPU_O_PARTS):
+     * the first chunks of the rows K's copies walk */
+    using v_tile = smem_tile<ROWS, V_COLS, PLAIN>;
+    static_assert(V_COLS <= COLS, "a part of V is at most a whole row");
     static_assert(THREADS % tile::LOAD_CHUNKS == 0, "a pass of the threads copies whole rows");
     static constexpr int ROWS_PER_PASS = THREADS / tile::LOAD_CHUNKS;
     static_assert(ROWS % 16 == 0 && ROWS % ROWS_PER_PASS == 0, "the passes cover whole 16-row groups");
@@ -361,9 +369,9 @@ template <int ROWS, int COLS, int THREADS, bool PLAIN = false> struct paged_rows
             for (int i = 0; i < RUN; i++, k_src += k_step, v_src += v_step) {
                 const int row = first + i * ROWS_PER_PASS;
                 const bool valid = row < valid_end;
-                const int byte_offset = tile::offset(row, chunk) * 2;
-                put_k(byte_offset, k_src, valid);
-                put_v(byte_offset, v_src, valid);
+                put_k(tile::offset(row, chunk) * 2, k_src, valid);
+                if (V_COLS == COLS || chunk < v_tile::CHUNKS)
+                    put_v(v_tile::offset(row, chunk) * 2, v_src, valid);
             }
         }
     }
@@ -371,9 +379,10 @@ template <int ROWS, int COLS, int THREADS, bool PLAIN = false> struct paged_rows
 
 /*
  * The work of one walker: which batch entry, heads, rows, and key blocks.
- * Walker unit u runs piece u / walkers_per_split (a tile and a split of its
- * key blocks) and, of that split's blocks, every walkers_per_split-th from
- * sub = u % walkers_per_split on.  The splits of a decode tile interleave: its
+ * Walker unit u runs piece u / walkers_per_split (a tile, a split of its
+ * key blocks and a column part of O) and, of that split's blocks, every
+ * walkers_per_split-th from sub = u % walkers_per_split on.  The parts of a
+ * piece are neighbours, so they read the same K at about the same time.  The splits of a decode tile interleave: its
  * key blocks go round them in groups of walkers_per_split, one block per
  * walker (make_work).
  */
@@ -392,6 +401,8 @@ struct cta_work {
     int64_t kv_start; /* their row of key 0: cu_seqlens_k[b] (clamped), or 0 */
     bool bad_len;     /* device lengths that fmha.h's clamp rules reject: rows come out NaN */
     int split;        /* which split of the key blocks */
+    int part;         /* which column part of O (fmha_config.h FMHA_GPU_O_PARTS); the LSE,
+                         the same in every part, is part 0's to write */
     int unused_from;  /* compact grid (find_piece): the entry's piece count when this walker
                          marks the split slots past it empty (its last piece, sub 0), else 0 */
     int n_first, n_step, n_count; /* this walker's key blocks: n_first + j * n_step, j < n_count */
@@ -556,7 +567,7 @@ __device__ __forceinline__ device_piece find_piece(const fmha_fwd_params &p, int
     return found;
 }
 
-template <int BLOCK_M, int BLOCK_N, int MASK, int WALKERS>
+template <int BLOCK_M, int BLOCK_N, int MASK, int WALKERS, int O_PARTS>
 __device__ __forceinline__ cta_work make_work(const fmha_fwd_params &p, int64_t unit)
 {
     /* A CTA of one walker never shares a split (and the compiler sees the step is 1). */
@@ -570,6 +581,11 @@ __device__ __forceinline__ cta_work make_work(const fmha_fwd_params &p, int64_t 
     int64_t m_blocks = (grid_rows + BLOCK_M - 1) / BLOCK_M;
     fmha_qr d = fmha_divide(unit, ws);
     const int sub = (int)d.r;
+    w.part = 0;
+    if constexpr (O_PARTS > 1) {
+        d = fmha_divide(d.q, O_PARTS);
+        w.part = (int)d.r;
+    }
     /* Flattened pieces, rows fastest then heads: pieces that share K/V run together. */
     d = fmha_divide(d.q, m_blocks);
     /* Causal: the last query blocks see the most keys; start them first so the
@@ -861,9 +877,10 @@ template <typename T, typename cfg, bool WGMMA> struct tile_math;
 template <typename T, typename cfg> struct tile_math<T, cfg, false> {
     static constexpr int HEAD_DIM = cfg::head_dim, BLOCK_N = cfg::block_n;
     static constexpr int WARP_M = cfg::block_m / cfg::walker_warps, MT = WARP_M / MMA_M;
-    static constexpr int NT = BLOCK_N / MMA_N, DT = HEAD_DIM / MMA_N;
+    static constexpr int NT = BLOCK_N / MMA_N, DT = cfg::v_cols / MMA_N;
     using q_tile = smem_tile<cfg::block_m, HEAD_DIM>;
     using kv_tile = smem_tile<BLOCK_N, HEAD_DIM>;
+    using v_tile = smem_tile<BLOCK_N, cfg::v_cols>; /* this walker's part of V */
     uint32_t q_addr, k_addr, v_addr; /* this lane's ldmatrix addresses, stage 0 */
 
     __device__ tile_math(const T *s_q, const T *s_k, const T *s_v, int warp, int lane)
@@ -871,7 +888,7 @@ template <typename T, typename cfg> struct tile_math<T, cfg, false> {
         const ldsm_lane la = ldsm_A(lane), lb = ldsm_B(lane), lv = ldsm_B_trans(lane);
         q_addr = smem_addr(s_q + q_tile::offset(warp * WARP_M + la.row, la.chunk));
         k_addr = smem_addr(s_k + kv_tile::offset(lb.row, lb.chunk));
-        v_addr = smem_addr(s_v + kv_tile::offset(lv.row, lv.chunk));
+        v_addr = smem_addr(s_v + v_tile::offset(lv.row, lv.chunk));
     }
 
     __device__ void scores(float (&s)[MT][NT][4], int stage) const
@@ -905,7 +922,7 @@ template <typename T, typename cfg> struct tile_math<T, cfg, false> {
 
     __device__ void accumulate(float (&o)[MT][DT][4], const float (&s)[MT][NT][4], int stage) const
     {
-        const uint32_t v_stage = v_addr + stage * kv_tile::BYTES;
+        const uint32_t v_stage = v_addr + stage * v_tile::BYTES;
 #pragma unroll
         for (int kn = 0; kn < BLOCK_N / MMA_K; kn++) {
             uint32_t pa[MT][4];
@@ -915,7 +932,7 @@ template <typename T, typename cfg> struct tile_math<T, cfg, false> {
 #pragma unroll
             for (int dt = 0; dt < DT; dt += 2) {
                 uint32_t b[4];
-                ldmatrix_x4_trans(b, kv_tile::step(v_stage, kn * MMA_K, dt));
+                ldmatrix_x4_trans(b, v_tile::step(v_stage, kn * MMA_K, dt));
 #pragma unroll
                 for (int mt = 0; mt < MT; mt++) {
                     mma_AB<T>(o[mt][dt], pa[mt], b);
@@ -934,6 +951,7 @@ template <typename T, typename cfg> struct tile_math<T, cfg, true> {
     using kv_tile = smem_tile<BLOCK_N, HEAD_DIM>;
     static constexpr int K_STEPS_PER_PANEL = SWIZZLE_ROW_BYTES / (WGMMA_K * 2);
     static_assert(q_tile::SWIZZLED && kv_tile::SWIZZLED, "wgmma reads 128-byte swizzled panels");
+    static_assert(cfg::o_parts == 1, "use_wgmma() takes whole-O tiles");
     uint32_t q_base, k_base, v_base; /* shared addresses: this warpgroup's Q rows, K and V stage 0 */
 
     __device__ tile_math(const T *s_q, const T *s_k, const T *s_v, int warp, int)
@@ -1018,11 +1036,11 @@ template <typename cfg> __host__ __device__ constexpr bool use_wgmma()
 /* n rounded up to whole 1024-byte swizzle atoms. */
 constexpr int atom_align(int n) { return (n + 1023) / 1024 * 1024; }
 
-/* Bytes of one K or V stage of the ring: 16-bit rows, or (KV8) e4m3fn codes in plain rows. */
-template <typename cfg, bool KV8> constexpr int stage_bytes()
+/* Bytes of one K stage (COLS = head_dim) or V stage (COLS = v_cols, the walker's part) of
+ * the ring: 16-bit rows, or (KV8) e4m3fn codes in plain rows. */
+template <typename cfg, bool KV8, int COLS = cfg::head_dim> constexpr int stage_bytes()
 {
-    return smem_tile<cfg::block_n, stored_cols<std::conditional_t<KV8, uint8_t, uint16_t>, cfg::head_dim>(),
-                     KV8>::BYTES;
+    return smem_tile<cfg::block_n, stored_cols<std::conditional_t<KV8, uint8_t, uint16_t>, COLS>(), KV8>::BYTES;
 }
 
 /* Where a walker's widened K and V tiles (KV8) start: after its Q tile and K/V ring,
@@ -1030,7 +1048,7 @@ template <typename cfg, bool KV8> constexpr int stage_bytes()
 template <typename cfg, bool KV8> constexpr int wide_tiles_offset()
 {
     return atom_align(smem_tile<cfg::block_m, cfg::head_dim>::BYTES +
-                      2 * ring_stages(cfg::stages) * stage_bytes<cfg, KV8>());
+                      ring_stages(cfg::stages) * (stage_bytes<cfg, KV8>() + stage_bytes<cfg, KV8, cfg::v_cols>()));
 }
 
 /* Shared memory of one walker: its Q tile and K/V ring (KV8: then one widened K and V
@@ -1038,7 +1056,9 @@ template <typename cfg, bool KV8> constexpr int wide_tiles_offset()
  * every walker's tiles stay aligned. */
 template <typename cfg, bool KV8 = false> constexpr int walker_smem_bytes()
 {
-    return wide_tiles_offset<cfg, KV8>() + (KV8 ? atom_align(2 * smem_tile<cfg::block_n, cfg::head_dim>::BYTES) : 0);
+    return wide_tiles_offset<cfg, KV8>() +
+           (KV8 ? atom_align(smem_tile<cfg::block_n, cfg::head_dim>::BYTES + smem_tile<cfg::block_n, cfg::v_cols>::BYTES)
+                : 0);
 }
 
 /* The per-walker sizes of a tile config, as the pieces below use them. */
@@ -1049,11 +1069,13 @@ template <typename cfg, bool KV8 = false> struct walker_shape {
     static constexpr int WARP_M = BLOCK_M / cfg::walker_warps;     /* rows per warp */
     static constexpr int MT = WARP_M / MMA_M;                      /* 16-row mma tiles per warp */
     static constexpr int NT = BLOCK_N / MMA_N;                     /* 8-key column tiles of S */
-    static constexpr int DT = HEAD_DIM / MMA_N;                    /* 8-feature column tiles of O */
+    static constexpr int V_COLS = cfg::v_cols;                     /* O's and V's columns per walker */
+    static constexpr int DT = V_COLS / MMA_N;                      /* 8-feature column tiles of O */
     static constexpr int BYTES = walker_smem_bytes<cfg, KV8>();    /* shared memory per walker */
     static constexpr bool WGMMA = use_wgmma<cfg>();
     using q_tile = smem_tile<BLOCK_M, HEAD_DIM>;
     using kv_tile = smem_tile<BLOCK_N, HEAD_DIM>;
+    using v_tile = smem_tile<BLOCK_N, V_COLS>;
     static_assert(cfg::walkers == 1 || BYTES % 1024 == 0, "walkers' tiles stay 1024-aligned");
 };
 
@@ -1096,11 +1118,12 @@ template <typename cfg> struct walker_thread {
  * Addressing: where the rows of a walker's piece (cta_work) are in global
  * memory.  Q row r of the tile, the K and V of its kv head, and for result row
  * (query i, head h) its O row (the output, or the split's fp32 scratch) and its
- * LSE slot (nullptr when the caller asked for none).  The K/V bases are
- * worked out when asked for, not kept: kept here, they changed what the
- * compiler hoisted out of the main loop and cost registers.
+ * LSE slot (nullptr when the caller asked for none, and in every column part of O
+ * but the first).  V and the O rows start at the walker's part: V_COLS columns of
+ * HEAD_DIM.  The K/V bases are worked out when asked for, not kept: kept here, they
+ * changed what the compiler hoisted out of the main loop and cost registers.
  */
-template <typename T, int HEAD_DIM, bool SPLIT> struct tile_addresses {
+template <typename T, int HEAD_DIM, bool SPLIT, int V_COLS = HEAD_DIM> struct tile_addresses {
     using out_t = std::conditional_t<SPLIT, float, T>;
     const fmha_fwd_params &p;
     const cta_work &w;
@@ -1119,8 +1142,12 @@ template <typename T, int HEAD_DIM, bool SPLIT> struct tile_addresses {
     template <typename KT> __device__ __forceinline__ const KT *v() const
     {
         return static_cast<const KT *>(p.v) + w.kv_batch * p.v_batch_stride + w.kv_start * p.v_row_stride +
-               w.kv_head() * p.v_head_stride;
+               w.kv_head() * p.v_head_stride + col0();
     }
+    /* The first column of this walker's part of V and O. */
+    __device__ __forceinline__ int col0() const { return V_COLS == HEAD_DIM ? 0 : w.part * V_COLS; }
+    /* Whether this walker writes its rows' LSE (the same in every part). */
+    __device__ __forceinline__ bool writes_lse() const { return V_COLS == HEAD_DIM || w.part == 0; }
     /* Q row r of the tile, or nullptr past the sequence's rows (zero-filled). */
     __device__ __forceinline__ const T *q_row(int r) const
     {
@@ -1141,14 +1168,17 @@ template <typename T, int HEAD_DIM, bool SPLIT> struct tile_addresses {
     __device__ __forceinline__ out_t *o_row(int64_t i, int64_t h) const
     {
         if constexpr (SPLIT)
-            return p.o_accum + ((scratch_batch() * scratch_rows() + w.q_start + i) * p.heads_q + h) * HEAD_DIM;
+            return p.o_accum + ((scratch_batch() * scratch_rows() + w.q_start + i) * p.heads_q + h) * HEAD_DIM +
+                   col0();
         else
             return static_cast<T *>(p.out) + w.q_batch * p.o_batch_stride + (w.q_start + i) * p.o_row_stride +
-                   h * p.o_head_stride;
+                   h * p.o_head_stride + col0();
     }
     /* The split scratch's lse of (i, h) in another split of the entry. */
     __device__ __forceinline__ float *split_lse_slot(int split, int64_t i, int64_t h) const
     {
+        if (!writes_lse())
+            return nullptr;
         return p.lse_accum + (scratch_batch(split) * p.heads_q + h) * scratch_rows() + w.q_start + i;
     }
     __device__ __forceinline__ float *lse_slot(int64_t i, int64_t h) const
@@ -1156,9 +1186,9 @@ template <typename T, int HEAD_DIM, bool SPLIT> struct tile_addresses {
         if constexpr (SPLIT) {
             return split_lse_slot(w.split, i, h);
         } else {
-            return p.lse ? p.lse + w.q_batch * p.lse_batch_stride + h * p.lse_head_stride +
-                               (w.q_start + i) * p.lse_row_stride
-                         : nullptr;
+            return p.lse && writes_lse() ? p.lse + w.q_batch * p.lse_batch_stride + h * p.lse_head_stride +
+                                               (w.q_start + i) * p.lse_row_stride
+                                         : nullptr;
         }
     }
 };
@@ -1244,12 +1274,13 @@ template <typename T, typename cfg, bool PAGED, bool KV8> struct kv_ring {
      * head dims whose O leaves no registers for the vote (192). */
     static constexpr bool SKIP_UNIT_RESCALE = KV8 && cfg::head_dim <= 128;
     static constexpr int BLOCK_N = shape::BLOCK_N, HEAD_DIM = shape::HEAD_DIM, STAGES = shape::STAGES;
-    static constexpr int STAGE_BYTES = stage_bytes<cfg, KV8>();
+    static constexpr int V_COLS = shape::V_COLS; /* the walker's part of each V row */
+    static constexpr int K_STAGE_BYTES = stage_bytes<cfg, KV8>(), V_STAGE_BYTES = stage_bytes<cfg, KV8, V_COLS>();
     /* A decode tile is the only reader of its K/V: the plan may have those lines leave
      * L2 first (kv_read_once).  Prefill row tiles of a head share K/V through L2. */
     using kv_copy = std::conditional_t<HAS_L2_HINTS && (cfg::walkers > 1), hinted_copy, plain_copy>;
 
-    using paged = paged_rows<BLOCK_N, stored_cols<KT, HEAD_DIM>(), shape::THREADS, KV8>;
+    using paged = paged_rows<BLOCK_N, stored_cols<KT, HEAD_DIM>(), shape::THREADS, KV8, stored_cols<KT, V_COLS>()>;
     struct no_cursor {
         __device__ no_cursor(const fmha_fwd_params &, int, int, int) {}
     };
@@ -1257,7 +1288,7 @@ template <typename T, typename cfg, bool PAGED, bool KV8> struct kv_ring {
 
     const fmha_fwd_params &p;
     const cta_work &w;
-    const KT *k, *v;           /* this piece's kv head */
+    const KT *k, *v;           /* this piece's kv head (v: at its part's first column) */
     unsigned char *s_k, *s_v;  /* stage 0 of the K and V rings */
     T *wide_k, *wide_v;        /* KV8: the widened tiles */
     float k_factor, v_factor;  /* KV8: the dequantization factors (else 1) */
@@ -1273,7 +1304,7 @@ template <typename T, typename cfg, bool PAGED, bool KV8> struct kv_ring {
     __device__ __forceinline__ kv_ring(const fmha_fwd_params &p_, const cta_work &w_, const KT *k_, const KT *v_,
                                        unsigned char *walker_smem, uint64_t policy_, int tid_)
         : p(p_), w(w_), k(k_), v(v_), s_k(walker_smem + shape::q_tile::BYTES),
-          s_v(walker_smem + shape::q_tile::BYTES + STAGES * STAGE_BYTES),
+          s_v(walker_smem + shape::q_tile::BYTES + STAGES * K_STAGE_BYTES),
           wide_k(reinterpret_cast<T *>(walker_smem + wide_tiles_offset<cfg, KV8>())),
           wide_v(wide_k + shape::kv_tile::ELEMS), k_factor(1.f), v_factor(1.f),
           policy(policy_), tid(tid_),
@@ -1307,9 +1338,9 @@ template <typename T, typename cfg, bool PAGED, bool KV8> struct kv_ring {
     {
         if constexpr (KV8) {
             if (k_stage >= 0)
-                widen_tile<BLOCK_N, HEAD_DIM, shape::THREADS>(wide_k, s_k + k_stage * STAGE_BYTES, tid);
+                widen_tile<BLOCK_N, HEAD_DIM, shape::THREADS>(wide_k, s_k + k_stage * K_STAGE_BYTES, tid);
             if (v_stage >= 0)
-                widen_tile<BLOCK_N, HEAD_DIM, shape::THREADS>(wide_v, s_v + v_stage * STAGE_BYTES, tid);
+                widen_tile<BLOCK_N, V_COLS, shape::THREADS>(wide_v, s_v + v_stage * V_STAGE_BYTES, tid);
             if (shape::WGMMA)
                 fence_proxy_async(); /* generic-proxy writes that wgmma reads next */
             walker_thread<cfg>::sync();
@@ -1328,13 +1359,13 @@ template <typename T, typename cfg, bool PAGED, bool KV8> struct kv_ring {
     {
         const int64_t key0 = (int64_t)n_block * BLOCK_N;
         if constexpr (PAGED) {
-            cursor.load(kv_copy(s_k + stage * STAGE_BYTES, policy), kv_copy(s_v + stage * STAGE_BYTES, policy),
+            cursor.load(kv_copy(s_k + stage * K_STAGE_BYTES, policy), kv_copy(s_v + stage * V_STAGE_BYTES, policy),
                         k, v, p, at, w.len_k - key0, tid);
         } else {
-            load_rows<BLOCK_N, HEAD_DIM, shape::THREADS>(kv_copy(s_k + stage * STAGE_BYTES, policy),
+            load_rows<BLOCK_N, HEAD_DIM, shape::THREADS>(kv_copy(s_k + stage * K_STAGE_BYTES, policy),
                                                          k + key0 * p.k_row_stride, p.k_row_stride, w.len_k - key0,
                                                          k, tid);
-            load_rows<BLOCK_N, HEAD_DIM, shape::THREADS>(kv_copy(s_v + stage * STAGE_BYTES, policy),
+            load_rows<BLOCK_N, V_COLS, shape::THREADS>(kv_copy(s_v + stage * V_STAGE_BYTES, policy),
                                                          v + key0 * p.v_row_stride, p.v_row_stride, w.len_k - key0,
                                                          v, tid);
         }
@@ -1554,8 +1585,8 @@ __device__ __forceinline__ void walk_keys_overlapped(O &o, Softmax &softmax, con
  * folded in walker order (deterministic; a walker that saw no key has
  * LSE_i = -inf and weighs nothing; NaN stays NaN).
  */
-template <int BLOCK_M, int HEAD_DIM> struct merge_area {
-    static constexpr int STRIDE = HEAD_DIM + 8; /* floats per O row: conflict-free fragment stores */
+template <int BLOCK_M, int COLS> struct merge_area {
+    static constexpr int STRIDE = COLS + 8; /* floats per O row (COLS of them): conflict-free fragment stores */
     static constexpr int BYTES = (int)sizeof(float) * BLOCK_M * (1 + STRIDE);
     static_assert(BLOCK_M % 4 == 0 && STRIDE % 4 == 0, "O rows start 16-byte aligned (the fold reads float4s)");
     float *lse, *o;
@@ -1583,7 +1614,7 @@ __device__ __forceinline__ void write_rows(const O &o, const Softmax &softmax, c
 {
     using shape = walker_shape<cfg>;
     constexpr int MT = shape::MT, DT = shape::DT;
-    const merge_area<shape::BLOCK_M, shape::HEAD_DIM> mine(walker_smem);
+    const merge_area<shape::BLOCK_M, shape::V_COLS> mine(walker_smem);
     const int lane = me.lane;
     if (park)
         me.sync(); /* the walker is done with its own ring, which its merge area reuses */
@@ -1648,11 +1679,12 @@ __device__ __forceinline__ void merge_walkers(const Addr &at, const cta_work &w,
                                               const walker_thread<cfg> &me, const float *sinks, bool partial)
 {
     using shape = walker_shape<cfg, KV8>;
-    constexpr int BLOCK_M = shape::BLOCK_M, HEAD_DIM = shape::HEAD_DIM, THREADS = shape::THREADS;
+    /* COLS: the O columns of the walkers' part (they share one) */
+    constexpr int BLOCK_M = shape::BLOCK_M, COLS = shape::V_COLS, THREADS = shape::THREADS;
     const int first = me.walker - me.walker % ws;
-    auto part = [&](int i) { return merge_area<BLOCK_M, HEAD_DIM>(smem_raw + (first + i) * shape::BYTES); };
-    constexpr int VEC = 4, PER_ROW = HEAD_DIM / VEC;
-    static_assert(HEAD_DIM % VEC == 0 && VEC % ACC_COLS == 0, "items are whole fragments' columns");
+    auto area = [&](int i) { return merge_area<BLOCK_M, COLS>(smem_raw + (first + i) * shape::BYTES); };
+    constexpr int VEC = 4, PER_ROW = COLS / VEC;
+    static_assert(COLS % VEC == 0 && VEC % ACC_COLS == 0, "items are whole fragments' columns");
     /* Items of this thread: idx0 + k * ws * THREADS, at most ITEMS (ws >= 2). */
     constexpr int ITEMS = (BLOCK_M * PER_ROW + 2 * THREADS - 1) / (2 * THREADS);
     const int idx0 = (me.walker - first) * THREADS + me.tid;
@@ -1684,7 +1716,7 @@ __device__ __forceinline__ void merge_walkers(const Addr &at, const cta_work &w,
         float lse[cfg::walkers], x[cfg::walkers][VEC];
 #pragma unroll
         for (int i = 0; i < cfg::walkers; i++) {
-            const merge_area<BLOCK_M, HEAD_DIM> src = part(i < ws ? i : 0);
+            const merge_area<BLOCK_M, COLS> src = area(i < ws ? i : 0);
             lse[i] = src.lse[r];
 #pragma unroll
             for (int c = 0; c < VEC; c += 4)
@@ -1743,7 +1775,7 @@ fwd_mma_kernel(const fmha_fwd_params p, const uint64_t kv_policy)
     using shape = walker_shape<cfg, KV8>;
     using MT = product_type<T, KV8>;
     using ring_t = kv_ring<MT, cfg, PAGED, KV8>;
-    static_assert(merge_area<shape::BLOCK_M, shape::HEAD_DIM>::BYTES <= shape::BYTES,
+    static_assert(merge_area<shape::BLOCK_M, shape::V_COLS>::BYTES <= shape::BYTES,
                   "the merge fits a walker's ring");
 
     /* Launched overlapped: nothing in memory is touched before the kernel before this one is done. */
@@ -1754,11 +1786,11 @@ fwd_mma_kernel(const fmha_fwd_params p, const uint64_t kv_policy)
     unsigned char *walker_smem = smem_raw + walker * shape::BYTES;
     T *s_q = reinterpret_cast<T *>(walker_smem);
 
-    const cta_work w = make_work<shape::BLOCK_M, shape::BLOCK_N, MASK, cfg::walkers>(
+    const cta_work w = make_work<shape::BLOCK_M, shape::BLOCK_N, MASK, cfg::walkers, cfg::o_parts>(
         p, (int64_t)blockIdx.x * cfg::walkers + walker);
     const walker_thread<cfg> me(walker, tid);
-    const tile_addresses<T, shape::HEAD_DIM, SPLIT> at(p, w);
-    if (SPLIT && w.unused_from > 0) {
+    const tile_addresses<T, shape::HEAD_DIM, SPLIT, shape::V_COLS> at(p, w);
+    if (SPLIT && w.unused_from > 0 && at.writes_lse()) {
         /* Compact grid (find_piece): no piece takes the entry's splits from unused_from on;
          * its last piece gives them lse -inf, which the combine weighs at nothing. */
         const int unused = p.num_splits - w.unused_from;
@@ -1775,7 +1807,7 @@ fwd_mma_kernel(const fmha_fwd_params p, const uint64_t kv_policy)
      * of it (write_rows).  It loads no Q and fills no ring, so the empty pieces of a grid
      * of every split cost little.  Walkers that merge meet the CTA's barrier. */
     if (SPLIT && w.n_count == 0 && !w.bad_len && p.walkers_per_split == 1) {
-        for (int r = me.tid; r < shape::BLOCK_M && w.row0 + r < w.rows; r += shape::THREADS) {
+        for (int r = me.tid; at.writes_lse() && r < shape::BLOCK_M && w.row0 + r < w.rows; r += shape::THREADS) {
             const fmha_qr ih = w.place(w.row0 + r);
             *at.lse_slot(ih.q, ih.r) = -INFINITY;
         }

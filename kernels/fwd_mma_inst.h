@@ -72,11 +72,12 @@ fmha_status launch_variant(const fmha_fwd_params &p)
     /* Packed sequences: seqlen_q is the longest one; tiles past a shorter one's rows idle. */
     int64_t rows = p.pack_gqa ? p.seqlen_q * (p.heads_q / p.heads_kv) : p.seqlen_q;
     int64_t slots = p.pack_gqa ? p.heads_kv : p.heads_q;
-    /* One walker per piece (tile, split), or walkers_per_split walkers sharing one; a plan
-     * of device-sized chunks launches only the pieces the lengths can need (fmha.h). */
+    /* One walker per piece (tile, split, part of O), or walkers_per_split walkers sharing
+     * one; a plan of device-sized chunks launches only the pieces the lengths can need
+     * (fmha.h). */
     const int64_t per_tile = p.device_pieces > 0 ? fmha_device_grid_pieces(p.device_pieces, p.batch, p.num_splits)
                                                  : p.num_splits * p.batch;
-    int64_t pieces = (rows + cfg::block_m - 1) / cfg::block_m * slots * per_tile;
+    int64_t pieces = (rows + cfg::block_m - 1) / cfg::block_m * slots * per_tile * cfg::o_parts;
     int64_t ctas = (pieces * p.walkers_per_split + cfg::walkers - 1) / cfg::walkers;
     if (ctas > INT32_MAX) {
         record_error("fwd_mma grid too large (split the batch)", hipSuccess);

@@ -206,6 +206,7 @@ template <typename T> __device__ __forceinline__ void store_row(T *dst, int col,
 template <typename T, typename cfg, typename QTile, typename KVTile> struct mfma_tile_math {
     static constexpr int HEAD_DIM = cfg::head_dim, BLOCK_N = cfg::block_n;
     static constexpr int WARP_M = cfg::block_m / cfg::walker_warps, MT = WARP_M / MMA_M;
+    static_assert(cfg::o_parts == 1, "AMD tiles keep O whole (fmha_config.h lists no wider head_dim there)");
     static constexpr int NT = BLOCK_N / MMA_N, DT = HEAD_DIM / MMA_N;
     static constexpr int ELEMS_PER_CHUNK = 8; /* 16-byte chunks of the smem tiles */
     static constexpr int PANEL_CHUNKS = KVTile::PANEL_CHUNKS;

@@ -25,7 +25,7 @@ except ImportError:
 
 pytestmark = pytest.mark.gpu
 
-GPU_HEAD_DIMS = (32, 64, 80, 96, 128, 192)
+GPU_HEAD_DIMS = (32, 64, 80, 96, 128, 192, 256)
 DTYPES = ("f16", "bf16")
 
 

@@ -1,9 +1,12 @@
-"""Head dims beyond 64 and 128 on the GPU (issue 21): 32, 80, 96 and 192 through every mode the
-tensor-core kernels run (prefill, KV cache with append, paged, packed, forced splits),
-held to the float64 reference; head dims the GPU tables do not list are refused with a
-NotImplementedError that leads with head_dim.  Head_dim 256 has only the Hopper prefill
-kernel (tests/test_gpu_sm90.py runs it); everything else refuses it, saying why.  Every test skips (saying so) when no GPU is
-visible; none passes without running on one."""
+"""Head dims beyond 64 and 128 on the GPU (issue 21): 32, 80, 96, 192 and 256 through every
+mode the tensor-core kernels run (prefill, KV cache with append, paged, packed, forced
+splits), held to the float64 reference; head dims the GPU tables do not list are refused
+with a NotImplementedError that leads with head_dim.  Head_dim 256 keeps O in two column
+parts of 128 (csrc/fmha_config.h FMHA_GPU_O_PARTS); on Hopper its unsplit prefill runs the
+sm90 kernel (tests/test_gpu_sm90.py), so the prefill tiles' own d256 path runs here through
+forced splits and KV caches, and with FMHA_GPU_PREFILL_KERNEL=mma (set for the whole
+process) through every prefill test.  Every test skips (saying so) when no GPU is visible;
+none passes without running on one."""
 import numpy as np
 import pytest
 
@@ -15,7 +18,7 @@ from _harness import NO_GPU_REASON, as_f64, assert_close, gpu_devices, make_qkv,
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not gpu_devices(), reason=NO_GPU_REASON)]
 
 # Head dims with GPU tiles besides 64 and 128 (csrc/fmha_config.h; NVIDIA builds).
-NEW_DIMS = [32, 80, 96, 192]
+NEW_DIMS = [32, 80, 96, 192, 256]
 REFUSED = [48, 112]
 
 
@@ -97,17 +100,20 @@ def test_unlisted_head_dims_refused(head_dim):
     assert_close(as_f64(out), as_f64(lse), ref_out, ref_lse, "f16")
 
 
-def test_head_dim_256_only_as_hopper_prefill():
-    """d256 has tiles only in the sm90 kernel: a KV-cache call is refused on every GPU, naming
-    the kernel and what it lacks, and device=None runs it on the CPU."""
-    rng = np.random.default_rng(21600)
-    lengths = np.array([3, 40], np.int32)
-    q, k, v = make_qkv(rng, 2, 1, 64, 4, 2, 256, "bf16")
-    with pytest.raises(NotImplementedError) as info:
-        fmha_native.forward(q, k, v, cache_seqlens=lengths, device="gpu")
-    assert str(info.value).startswith(
-        "head_dim 256 is not supported by the GPU kernels here: only the Hopper prefill kernel has "
-        "head_dim 256 tiles, and it does not read KV caches"), str(info.value)
-    out, lse = fmha_native.forward(q, k, v, cache_seqlens=lengths)
+@pytest.mark.parametrize("num_splits", [0, 3])
+def test_head_dim_256_parts_of_o(gpu_backend, num_splits):
+    """d256 decode over a long cache with GQA: both column parts of O written, the LSE once,
+    and the plan says how O is kept; NaN in the keys past each length never reaches O."""
+    rng = np.random.default_rng(21600 + num_splits)
+    lengths = np.array([3, 1000, 4099], np.int32)
+    q, k, v = make_qkv(rng, 3, 1, 4100, 8, 2, 256, "bf16")
+    for b, n in enumerate(lengths):
+        k[b, n:] = np.nan
+        v[b, n:] = np.nan
+    kw = dict(cache_seqlens=lengths, num_splits=num_splits)
+    plan = fmha_native.explain(q, k, v, device="gpu", **kw)
+    assert plan["kernel"].startswith("fwd_decode<bfloat16,d256"), plan["kernel"]
+    assert "O in 2 column parts of 128" in plan["reason"], plan["reason"]
     ref_out, ref_lse = reference.forward(q, k, v, cache_seqlens=lengths)
-    assert_close(as_f64(out), as_f64(lse), ref_out, ref_lse, "bf16")
+    out, lse = gpu_backend.forward(q, k, v, **kw)
+    assert_close(out, lse, ref_out, ref_lse, "bf16", what=f"d256 decode, num_splits={num_splits}")

@@ -89,7 +89,7 @@ def test_gate_refuses_other_head_dims_and_says_so_first(head_dim):
     plan = plan_for(problem(head_dim=head_dim), H100)
     assert plan["supported"] is False and plan["gate"]["head_dim"]["met"] is False
     want = (f"head_dim {head_dim} is not supported by the GPU kernels (they cover 32, 64, 80, 96, 128, 192, "
-            '256 (Hopper prefill only)); device="cpu" runs it')
+            '256); device="cpu" runs it')
     assert plan["error"].startswith(want), plan["error"]
     assert plan["reason"].startswith(f"head_dim {head_dim} is not supported")
 
@@ -268,32 +268,35 @@ def test_head_dim_256_runs_the_hopper_prefill_kernel_unsplit(device, causal):
     plan = plan_for(prefill(head_dim=256, causal=causal), device)
     assert plan["supported"] and is_sm90(plan), plan["reason"]
     assert plan["kernel"].startswith("fwd_sm90<bfloat16,d256") and (plan["block_m"], plan["block_n"]) == (128, 80)
-    # few query rows over many keys: the other head dims split here (tensor-core tiles and a
-    # combine); 256 has no such tiles, so the sm90 kernel takes the keys in one pass
+    assert plan["gate"]["head_dim"]["why"].startswith("head_dim 256 in {")
+    # few query rows over many keys: split over the tensor-core tiles and a combine, as the
+    # other head dims are, O in two column parts (each a tile of its own in the split model)
     long_kv = plan_for(prefill(batch=1, seqlen_q=128, seqlen_k=131072, causal=causal), device)
     assert long_kv["num_splits"] > 1, long_kv["reason"]
     plan = plan_for(prefill(batch=1, seqlen_q=128, seqlen_k=131072, head_dim=256, causal=causal), device)
-    assert is_sm90(plan) and plan["num_splits"] == 1, plan["reason"]
-    assert plan["gate"]["head_dim"]["why"].startswith("head_dim 256 in {")
+    assert plan["kernel"].startswith("fwd_mma<bfloat16,d256") and plan["num_splits"] > 1, plan["reason"]
+    assert "O in 2 column parts of 128" in plan["reason"], plan["reason"]
 
 
-@pytest.mark.parametrize("case,device,kw,why", [
-    ("kv cache", H100_SM90, dict(seqlen_q=1, seqlen_k=8192, cache_seqlens=[100]), "it does not read KV caches"),
-    ("forced splits", H100_SM90, dict(num_splits=2), "it writes no split partials"),
-    ("no sm_90a code", dict(H100, archs_built=["80", "90"]), {}, "this build has no sm_90a code"),
-    ("A100", A100, {}, "it runs on NVIDIA compute capability 9.x only"),
-    ("MI300X", dict(MI300X, archs_built=["gfx942"]), {}, "it runs on NVIDIA compute capability 9.x only"),
-    ("unaligned", H100_SM90, dict(misaligned=1), "16-byte multiples"),
+@pytest.mark.parametrize("case,device,kw,kernel,sm90_why", [
+    ("kv cache", H100_SM90, dict(seqlen_q=1, seqlen_k=8192, cache_seqlens=[100]), "fwd_decode<", None),
+    ("forced splits", H100_SM90, dict(num_splits=2), "fwd_mma<", "it writes no split partials"),
+    ("no sm_90a code", dict(H100, archs_built=["80", "90"]), {}, "fwd_mma<", "this build has no sm_90a code"),
+    ("A100", A100, {}, "fwd_mma<", None),
+    ("unaligned", H100_SM90, dict(misaligned=1), "fwd_mma<", "16-byte multiples"),
 ], ids=lambda x: x if isinstance(x, str) else "")
-def test_head_dim_256_elsewhere_is_refused_with_the_reason(case, device, kw, why):
+def test_head_dim_256_off_the_hopper_prefill_kernel_runs_the_tensor_core_tiles(case, device, kw, kernel,
+                                                                                sm90_why):
+    """Where the sm90 kernel does not take a d256 problem, the tensor-core tiles do, with O in
+    two column parts (csrc/fmha_config.h FMHA_GPU_O_PARTS), and the plan says why not sm90."""
     kw = dict(kw)
     splits = kw.pop("num_splits", 0)
     plan = plan_for(prefill(batch=1, head_dim=256, **kw), device, num_splits=splits)
-    assert plan["supported"] is False and plan["gate"]["head_dim"]["met"] is False
-    want = "head_dim 256 is not supported by the GPU kernels here: only the Hopper prefill kernel has head_dim 256 tiles, and "
-    assert plan["error"].startswith(want), plan["error"]
-    assert why in plan["error"].split(". GPU gate")[0], plan["error"]
-    assert plan["gate"]["head_dim"]["why"].startswith("only the Hopper prefill kernel has head_dim 256 tiles")
+    assert plan["supported"] is True and plan["gate"]["head_dim"]["met"] is True, plan.get("error")
+    assert plan["kernel"].startswith(kernel + "bfloat16,d256"), plan["kernel"]
+    assert "O in 2 column parts of 128 (each part's tile computes S over all 256 features)" in plan["reason"]
+    if sm90_why:
+        assert sm90_why in plan["reason"], plan["reason"]
 
 
 def test_sm90_not_for_unaligned_rows():
