@@ -150,21 +150,6 @@
 #define FMHA_SM90_FIXED_SHIFT_MAX_CAP 50.f /* 0: always the running max */
 #endif
 #define FMHA_SM90_FIXED_SHIFT_FLOOR 63.f
-/*
- * With that fixed shift, a capped block's exponentials go one 8-key group in this many
- * to the FMA pipe (fwd_sm90.h exp2_fma) instead of the MUFU pipe, which computes the
- * tanh of every score too: both on MUFU take as long as the block's two products
- * (at d128: 16 lanes a cycle for two per score against the tensor cores' 2048
- * multiply-adds a cycle for 256 per score).  0: all on MUFU, until a GPU run has
- * measured 2 against it (NOTES.md, known gaps; config_variants.sh swaps this line).
- */
-#ifndef FMHA_SM90_FMA_EXP2_EVERY
-#define FMHA_SM90_FMA_EXP2_EVERY 0
-#endif
-/* The head dims that take it: the consumers' registers at d32/d64 (160 a thread for
- * three groups) and d256 (O holds 128 of them) do not hold the FMA pipe's
- * exponentials without spilling. */
-#define FMHA_SM90_FMA_EXP2_HEAD_DIM(hd) ((hd) >= 80 && (hd) <= 192)
 #define FMHA_GPU_SM90_CONFIGS(X)                                                          \
     X(32, 64 * FMHA_SM90_D64_CONSUMERS, 128, 4 * (1 + FMHA_SM90_D64_CONSUMERS), 3, 1, 1) \
     X(64, 64 * FMHA_SM90_D64_CONSUMERS, 128, 4 * (1 + FMHA_SM90_D64_CONSUMERS), 3, 1, 1) \

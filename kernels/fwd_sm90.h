@@ -480,63 +480,18 @@ template <int SN> __device__ __forceinline__ void softcap_scores(float (&s)[SN],
 }
 
 /*
- * 2^(s * scale - shift) on the FMA pipe, for an integer shift, exponents x in
- * [-126, 127], and bias = 1.5 * 2^23 - shift (exact: shift is an integer).  Adding
- * 1.5 * 2^23 rounds x to an integer n, which lands in the sum's low mantissa bits;
- * 2^(x - n), |x - n| <= 1/2, comes from a cubic (relative error under 1.1e-4, below
- * a bfloat16 P's rounding) and is multiplied by 2^n built in an exponent field
- * (NaN stays NaN).  Adds and multiplies only, where ex2.approx takes a slot of the
- * SM's 16-lane MUFU pipe per lane.
- */
-__device__ __forceinline__ float exp2_fma(float s, float scale, float bias)
-{
-    const float t = fmaf(s, scale, bias); /* 1.5 * 2^23 + n */
-    const float f = fmaf(s, scale, bias - t); /* bias - t = -shift - n, exactly */
-    const float p = fmaf(fmaf(fmaf(0x1.c2a188p-5f, f, 0x1.f00c18p-3f), f, 0x1.62f5fap-1f), f, 1.f);
-    return p * __int_as_float((__float_as_int(t) << 23) + (127 << 23));
-}
-
-/*
  * One block of the online softmax, in place: S -> P = exp2(S * scale_log2 -
  * m_new), the running max and sum updated, and rescale[half] = exp2(m - m_new)
  * for the O rows accumulated so far.  A row that has seen only masked keys
  * keeps m = -inf and shifts by 0, so its P and rescale are 0, not NaN.
  * fixed (warp-uniform): scores with known bounds (a softcap's: fixed_shift_of)
  * shift by fixed_shift in every block, so the max stays unused and rescale is 1.
- * fma_exp2 (warp-uniform; only with fixed and no -inf score, whose exponents then
- * lie in [-91, 54]: fmha_config.h): every FMHA_SM90_FMA_EXP2_EVERY-th 8-key group takes
- * exp2_fma, so the MUFU pipe that also computes the softcap's tanh does not set
- * the pace.
  */
 template <int SN>
 __device__ __forceinline__ void online_softmax(float (&s)[SN], softmax_rows &st, float (&rescale)[ROW_HALVES],
-                                               float scale_log2, bool fixed, float fixed_shift, bool fma_exp2)
+                                               float scale_log2, bool fixed, float fixed_shift)
 {
-    constexpr int BLOCK_N = 2 * SN, EVERY = FMHA_SM90_FMA_EXP2_EVERY > 0 ? FMHA_SM90_FMA_EXP2_EVERY : 1;
-    if (FMHA_SM90_FMA_EXP2_EVERY > 0 && fma_exp2) {
-        /* Every row shifts by fixed_shift (an integer): no max and no rescale. */
-        const float bias = 12582912.f - fixed_shift;
-#pragma unroll
-        for (int half = 0; half < ROW_HALVES; half++) {
-            float sum0 = 0.f, sum1 = 0.f;
-#pragma unroll
-            for (int t = 0; t < BLOCK_N / 8; t++) {
-                float &a = s[t * 4 + 2 * half], &b = s[t * 4 + 2 * half + 1];
-                if (t % EVERY == EVERY - 1) {
-                    a = exp2_fma(a, scale_log2, bias);
-                    b = exp2_fma(b, scale_log2, bias);
-                } else {
-                    a = exp2_fast(fmaf(a, scale_log2, -fixed_shift));
-                    b = exp2_fast(fmaf(b, scale_log2, -fixed_shift));
-                }
-                sum0 += a;
-                sum1 += b;
-            }
-            rescale[half] = 1.f;
-            st.sum[half] += sum0 + sum1;
-        }
-        return;
-    }
+    constexpr int BLOCK_N = 2 * SN;
 #pragma unroll
     for (int half = 0; half < ROW_HALVES; half++) {
         float shift = fixed_shift;
@@ -575,7 +530,7 @@ template <typename T> __device__ __forceinline__ float fixed_shift_of(bool softc
 {
     if (!std::is_same<T, fmha_bf16>::value || !softcap || !(cap <= FMHA_SM90_FIXED_SHIFT_MAX_CAP))
         return -1.f;
-    return rintf(fminf(cap, FMHA_SM90_FIXED_SHIFT_FLOOR - cap) * LOG2E); /* exp2_fma takes integers */
+    return rintf(fminf(cap, FMHA_SM90_FIXED_SHIFT_FLOOR - cap) * LOG2E);
 }
 
 template <int D> __device__ __forceinline__ void rescale_rows(float (&o)[D], const float (&rescale)[ROW_HALVES])
@@ -782,7 +737,7 @@ fwd_sm90_kernel(const __grid_constant__ tensor_maps maps, const fmha_fwd_params 
                 if constexpr (MASK == MASK_WINDOW) {
                     const int key0 = j * BLOCK_N;
                     if (key0 >= free_begin && key0 + BLOCK_N <= free_end)
-                        return false;
+                        return;
                     int first[ROW_HALVES], last[ROW_HALVES];
 #pragma unroll
                     for (int half = 0; half < ROW_HALVES; half++) {
@@ -791,11 +746,10 @@ fwd_sm90_kernel(const __grid_constant__ tensor_maps maps, const fmha_fwd_params 
                         last[half] = l < -1 ? -1 : l > BLOCK_N ? BLOCK_N : l;
                     }
                     mask_scores(s, first, last, lane);
-                    return true;
                 } else {
                     const int64_t key0 = (int64_t)j * BLOCK_N;
                     if (key0 + BLOCK_N <= mask_free_end)
-                        return false;
+                        return;
                     int last[ROW_HALVES];
 #pragma unroll
                     for (int half = 0; half < ROW_HALVES; half++) {
@@ -807,14 +761,13 @@ fwd_sm90_kernel(const __grid_constant__ tensor_maps maps, const fmha_fwd_params 
                         last[half] = l < -1 ? -1 : l > BLOCK_N ? BLOCK_N : (int)l;
                     }
                     mask_scores(s, last, lane);
-                    return true;
                 }
             };
-            /* S of block j as the softmax takes it; true when a mask turned some of it to -inf. */
+            /* S of block j as the softmax takes it: capped, then masked. */
             auto logits = [&](float(&s)[BLOCK_N / 2], int j) {
                 if constexpr (SOFTCAP)
                     softcap_scores(s, scale_over_cap);
-                return masked(s, j);
+                masked(s, j);
             };
 
             float o[plan::cols / 2];
@@ -827,10 +780,9 @@ fwd_sm90_kernel(const __grid_constant__ tensor_maps maps, const fmha_fwd_params 
                 st.max[half] = -INFINITY;
                 st.sum[half] = 0.f;
             }
-            /* the softmax of block j's S, logits(s, j) telling whether a mask made some of it -inf */
-            auto softmax = [&](float(&s)[BLOCK_N / 2], float(&rescale)[ROW_HALVES], bool some_masked) {
-                online_softmax(s, st, rescale, score_log2(), fixed, fixed_shift,
-                               FMHA_SM90_FMA_EXP2_HEAD_DIM(HEAD_DIM) && fixed && !some_masked);
+            /* the softmax of block j's S (after logits(s, j)) */
+            auto softmax = [&](float(&s)[BLOCK_N / 2], float(&rescale)[ROW_HALVES]) {
+                online_softmax(s, st, rescale, score_log2(), fixed, fixed_shift);
             };
 
             /* With key blocks: Q has landed.  Without: the previous tile's store is done with
@@ -851,7 +803,8 @@ fwd_sm90_kernel(const __grid_constant__ tensor_maps maps, const fmha_fwd_params 
                 mma.template wait<0>(s);
                 mbar_arrive(bars.k_empty(k_pos.stage));
                 k_pos.advance();
-                softmax(s, rescale, logits(s, first_block));
+                logits(s, first_block);
+                softmax(s, rescale);
                 p_operands<T>(pv, s);
 
                 for (int j = first_block; j + 1 < end_block; j++) {
@@ -867,7 +820,8 @@ fwd_sm90_kernel(const __grid_constant__ tensor_maps maps, const fmha_fwd_params 
                     mma.template wait<1>(s);
                     mbar_arrive(bars.k_empty(k_pos.stage));
                     k_pos.advance();
-                    softmax(s, rescale, logits(s, j + 1));
+                    logits(s, j + 1);
+                    softmax(s, rescale);
 
                     /* P(j) V(j) done: V(j) free; O takes the new max, P(j+1) replaces P(j). */
                     mma.template wait<0>(o);
