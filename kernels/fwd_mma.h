@@ -382,9 +382,9 @@ template <int ROWS, int COLS, int THREADS, bool PLAIN = false, int V_COLS = COLS
  * Walker unit u runs piece u / walkers_per_split (a tile, a split of its
  * key blocks and a column part of O) and, of that split's blocks, every
  * walkers_per_split-th from sub = u % walkers_per_split on.  The parts of a
- * piece are neighbours, so they read the same K at about the same time.  The splits of a decode tile interleave: its
- * key blocks go round them in groups of walkers_per_split, one block per
- * walker (make_work).
+ * piece are neighbours, so they read the same K at about the same time.  The
+ * splits of a decode tile interleave: its key blocks go round them in groups
+ * of walkers_per_split, one block per walker (make_work).
  */
 struct cta_work {
     int64_t b;        /* batch entry */
@@ -1075,7 +1075,6 @@ template <typename cfg, bool KV8 = false> struct walker_shape {
     static constexpr bool WGMMA = use_wgmma<cfg>();
     using q_tile = smem_tile<BLOCK_M, HEAD_DIM>;
     using kv_tile = smem_tile<BLOCK_N, HEAD_DIM>;
-    using v_tile = smem_tile<BLOCK_N, V_COLS>;
     static_assert(cfg::walkers == 1 || BYTES % 1024 == 0, "walkers' tiles stay 1024-aligned");
 };
 
