@@ -4,6 +4,7 @@ or PEER=flash in the environment runs torch SDPA with that backend instead of
 fmha_native (same tensors, its [B, H, S, D] views), to profile a peer's kernels.
 KV=fp8 gives fmha_native K/V as float8_e4m3fn (an fp8 KV cache, factors 1).
 WINDOW=left runs fmha_native with window=(left, 0) (a sliding window; peers ignore it).
+SOFTCAP=c runs fmha_native with softcap=c (peers ignore it).
 LENS=device passes cache_seqlens = SK on the device (the length-independent plan, as
 bench_features.py's decode rows do).
 
@@ -39,6 +40,8 @@ else:
     kw = {"causal": bool(causal), "num_splits": splits}
     if os.environ.get("WINDOW"):
         kw["window"] = (int(os.environ["WINDOW"]), 0)
+    if os.environ.get("SOFTCAP"):
+        kw["softcap"] = float(os.environ["SOFTCAP"])
     if os.environ.get("LENS") == "device":
         kw["cache_seqlens"] = torch.full((b,), sk, dtype=torch.int32, device="cuda")
     print(fmha_native.explain(q, k, v, **kw)["reason"])
