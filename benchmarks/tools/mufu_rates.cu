@@ -11,36 +11,20 @@
 
 constexpr int CHAINS = 8, ITERS = 4096, THREADS = 512;
 
-__device__ __forceinline__ float tanh_f32(float x)
-{
-    float y;
-    asm volatile("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
-    return y;
-}
-__device__ __forceinline__ float ex2_f32(float x)
-{
-    float y;
-    asm volatile("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-    return y;
-}
-__device__ __forceinline__ uint32_t tanh_f16x2(uint32_t x)
-{
-    uint32_t y;
-    asm volatile("tanh.approx.f16x2 %0, %1;" : "=r"(y) : "r"(x));
-    return y;
-}
-__device__ __forceinline__ uint32_t ex2_f16x2(uint32_t x)
-{
-    uint32_t y;
-    asm volatile("ex2.approx.f16x2 %0, %1;" : "=r"(y) : "r"(x));
-    return y;
-}
-__device__ __forceinline__ uint32_t ex2_bf16x2(uint32_t x)
-{
-    uint32_t y;
-    asm volatile("ex2.approx.ftz.bf16x2 %0, %1;" : "=r"(y) : "r"(x));
-    return y;
-}
+/* One PTX instruction of one operand, as a function (f: a float, r: a packed pair). */
+#define PTX_UNARY(NAME, TYPE, REG, OP)                        \
+    __device__ __forceinline__ TYPE NAME(TYPE x)              \
+    {                                                         \
+        TYPE y;                                               \
+        asm volatile(OP " %0, %1;" : "=" REG(y) : REG(x));    \
+        return y;                                             \
+    }
+PTX_UNARY(tanh_f32, float, "f", "tanh.approx.f32")
+PTX_UNARY(ex2_f32, float, "f", "ex2.approx.ftz.f32")
+PTX_UNARY(tanh_f16x2, uint32_t, "r", "tanh.approx.f16x2")
+PTX_UNARY(ex2_f16x2, uint32_t, "r", "ex2.approx.f16x2")
+PTX_UNARY(ex2_bf16x2, uint32_t, "r", "ex2.approx.ftz.bf16x2")
+
 /* 2^x on the FMA pipe: round with 1.5 * 2^23, a cubic for the fraction, the exponent field. */
 __device__ __forceinline__ float ex2_fma(float x)
 {
