@@ -81,6 +81,7 @@ template <typename TIn, typename TOut, int VEC>
 __global__ void __launch_bounds__(COMBINE_THREADS, 1) combine_kernel(const fmha_combine_params c, const combine_shape shape, int first_pass)
 {
     extern __shared__ float smem[]; /* [rows][groups] m, s; [rows][groups][lanes * VEC] acc */
+    static_assert(sizeof(TOut) <= sizeof(float), "the dry pass's VEC outputs fit a thread's VEC floats of s_acc");
     float *s_max = smem;
     float *s_sum = s_max + shape.rows * shape.groups;
     float *s_acc = s_sum + shape.rows * shape.groups;
@@ -188,8 +189,9 @@ __global__ void __launch_bounds__(COMBINE_THREADS, 1) combine_kernel(const fmha_
                 float lse = top == -INFINITY ? -INFINITY : top + logf(total);
                 if (c.sinks)
                     fold_sink(lse, inv, c.sinks[h]);
-                /* The dry pass writes to a sink (select, not branch: one copy of the code). */
-                TOut *out = dry ? reinterpret_cast<TOut *>(s_acc) + (int64_t)state * shape.lanes * VEC + lane * VEC
+                /* The dry pass writes to a sink, this thread's own slot of s_acc, which no
+                 * other thread reads (select, not branch: one copy of the code). */
+                TOut *out = dry ? reinterpret_cast<TOut *>(s_acc + (int64_t)state * shape.lanes * VEC + lane * VEC)
                                 : static_cast<TOut *>(c.out) + b * c.o_batch_stride + i * c.o_row_stride +
                                       h * c.o_head_stride + d;
 #pragma unroll

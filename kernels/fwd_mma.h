@@ -142,24 +142,50 @@ template <int ROWS, int HEAD_DIM, bool PLAIN = false> struct smem_tile {
 };
 
 /*
+ * How a walker's THREADS threads share the rows of a tile whose rows are LOAD_CHUNKS
+ * chunks (smem_tile): LANES threads a row, each copying the chunks lane, lane + LANES,
+ * ...  As many lanes as keep a pass of the threads at 8 rows or more, where a row has
+ * that many chunks, but at least a 128-byte line's 8: a pass then moves by whole
+ * swizzle atoms (or pairs of atom halves), a row's chunks are one pointer plus
+ * constants, and every copy instruction still asks for whole lines (a one-warp decode
+ * walker at head_dim 128: 8 lanes a row, 2 chunks each, 8 row addresses for a 32-key
+ * block instead of 16).
+ */
+template <int ROWS, int LOAD_CHUNKS, int THREADS> struct row_lanes {
+    static constexpr int LINE = 8; /* chunks of a 128-byte line */
+    static constexpr int LANES = LOAD_CHUNKS <= LINE || THREADS / 8 >= LOAD_CHUNKS ? LOAD_CHUNKS
+                                 : THREADS / 8 > LINE                         ? THREADS / 8
+                                                                              : LINE;
+    static constexpr int ROWS_PER_PASS = THREADS / LANES, PER_LANE = LOAD_CHUNKS / LANES;
+    static constexpr int PASSES = ROWS / ROWS_PER_PASS;
+    static_assert(THREADS % LANES == 0 && LOAD_CHUNKS % LANES == 0 && ROWS % ROWS_PER_PASS == 0,
+                  "the passes of the threads cover the tile's rows exactly");
+};
+
+/*
  * Copy a ROWS x HEAD_DIM tile into shared memory with the THREADS threads of
  * a walker (this one is `tid`); row_ptr(r) gives the global address of row r,
  * or nullptr for rows past the end (zero-filled, so padded keys contribute
- * P = 0 times V = 0, never garbage).
+ * P = 0 times V = 0, never garbage; the copy names an address in any_valid's row).
  */
 template <int ROWS, int HEAD_DIM, int THREADS, typename T, typename RowPtr>
 __device__ __forceinline__ void load_tile(T *smem, const T *any_valid, RowPtr row_ptr, int tid)
 {
     using tile = smem_tile<ROWS, HEAD_DIM>;
-    constexpr int TOTAL = ROWS * tile::CHUNKS;
-    static_assert(TOTAL % THREADS == 0, "every thread copies the same number of chunks");
+    using lanes = row_lanes<ROWS, tile::LOAD_CHUNKS, THREADS>;
+    const int row0 = tid / lanes::LANES, lane = tid % lanes::LANES;
 #pragma unroll
-    for (int i = 0; i < TOTAL / THREADS; i++) {
-        int idx = i * THREADS + tid;
-        int row = idx / tile::CHUNKS, chunk = idx % tile::CHUNKS;
+    for (int i = 0; i < lanes::PASSES; i++) {
+        const int row = row0 + i * lanes::ROWS_PER_PASS;
         const T *src = row_ptr(row);
-        copy_async_16(smem + tile::offset(row, chunk),
-                      src ? src + chunk * ELEMS_PER_CHUNK : any_valid, src != nullptr);
+        const T *from = (src ? src : any_valid) + lane * ELEMS_PER_CHUNK;
+#pragma unroll
+        for (int c = 0; c < lanes::PER_LANE; c++) {
+            const int chunk = lane + c * lanes::LANES;
+            if (tile::copies(chunk))
+                copy_async_16(smem + tile::offset(row, chunk), from + c * lanes::LANES * ELEMS_PER_CHUNK,
+                              src != nullptr);
+        }
     }
 }
 
@@ -180,26 +206,31 @@ struct plain_copy {
  * `valid_rows` zero-filled; put (plain_copy or hinted_copy) writes the tile.  The
  * zero-filling copies read nothing but still name an address: any_valid, one that
  * stays the same from tile to tile, so that no instruction works it out per tile.
+ * The rows are shared out as row_lanes says.
  */
 template <int ROWS, int HEAD_DIM, int THREADS, typename T, typename Copy>
 __device__ __forceinline__ void load_rows(const Copy &put, const T *first_row, int64_t row_stride,
                                           int64_t valid_rows, const T *any_valid, int tid)
 {
     using tile = smem_tile<ROWS, stored_cols<T, HEAD_DIM>(), sizeof(T) == 1>;
-    static_assert(THREADS % tile::LOAD_CHUNKS == 0, "a pass of the threads copies whole rows");
-    constexpr int ROWS_PER_PASS = THREADS / tile::LOAD_CHUNKS;
-    static_assert(ROWS % ROWS_PER_PASS == 0, "the passes cover the tile exactly");
-    const int row0 = tid / tile::LOAD_CHUNKS, chunk = tid % tile::LOAD_CHUNKS;
-    if (!tile::copies(chunk))
-        return;
+    using lanes = row_lanes<ROWS, tile::LOAD_CHUNKS, THREADS>;
+    constexpr int LANES = lanes::LANES, ROWS_PER_PASS = lanes::ROWS_PER_PASS;
+    const int row0 = tid / LANES, lane = tid % LANES;
     const int64_t pass_stride = ROWS_PER_PASS * row_stride;
-    const T *src = first_row + row0 * row_stride + chunk * chunk_elems<T>();
+    const T *src = first_row + row0 * row_stride + lane * chunk_elems<T>();
+    const T *stand_in = any_valid + lane * chunk_elems<T>(); /* inside any_valid's row */
     const int valid_here = valid_rows <= 0 ? 0 : valid_rows < ROWS ? (int)valid_rows : ROWS;
 #pragma unroll
-    for (int i = 0; i < ROWS / ROWS_PER_PASS; i++, src += pass_stride) {
+    for (int i = 0; i < lanes::PASSES; i++, src += pass_stride) {
         const int row = row0 + i * ROWS_PER_PASS;
         const bool valid = row < valid_here;
-        put(tile::offset(row, chunk) * 2, valid ? src : any_valid, valid);
+        const T *from = valid ? src : stand_in;
+#pragma unroll
+        for (int c = 0; c < lanes::PER_LANE; c++) {
+            const int chunk = lane + c * LANES;
+            if (tile::copies(chunk))
+                put(tile::offset(row, chunk) * 2, from + c * LANES * chunk_elems<T>(), valid);
+        }
     }
 }
 
@@ -1391,7 +1422,8 @@ template <typename T, typename cfg, bool PAGED, bool KV8> struct kv_ring {
                 copy_async_commit();
             }
         } else {
-#pragma unroll
+            /* Rolled: one copy of the block loader, which a short decode walk runs once. */
+#pragma unroll 1
             for (int s = 0; s < STAGES; s++) {
                 if (s < w.n_count)
                     load(w.block(s), s, next);
@@ -1665,12 +1697,13 @@ __device__ __forceinline__ void write_rows(const O &o, const Softmax &softmax, c
 /*
  * The walkers [first, first + ws) of one split fold their parked rows in
  * walker order (fold.h) and write the merged rows out.  It runs once, after
- * the slowest walker, with one warp per SM sub-partition, so it is all
- * latency: each thread works out where its items go before the barrier (the
- * slowest walker is still parking); an item is 4 features (one 16-byte shared
- * read per walker), so a tile of 4 valid rows gives every warp of the CTA
- * one, and the 1/total and log2 total are the approximate ones (total >= 1:
- * the top walker weighs 1).  `sinks` (nullptr: none) join the merged rows; a
+ * the slowest walker, with one warp per SM sub-partition; an item is 4
+ * features (one 16-byte shared read per walker), so a tile of 4 valid rows
+ * gives every warp of the CTA one, and the 1/total and log2 total are the
+ * approximate ones (total >= 1: the top walker weighs 1).  The item loop is
+ * not unrolled: a short decode walk runs this code once, cold, and its
+ * instruction fetch (not the few dependent steps of an item's address) is
+ * what it waits on.  `sinks` (nullptr: none) join the merged rows; a
  * `partial` row that no walker saw a key of writes only its lse (write_rows).
  */
 template <typename cfg, bool KV8, typename Addr>
@@ -1684,31 +1717,17 @@ __device__ __forceinline__ void merge_walkers(const Addr &at, const cta_work &w,
     auto area = [&](int i) { return merge_area<BLOCK_M, COLS>(smem_raw + (first + i) * shape::BYTES); };
     constexpr int VEC = 4, PER_ROW = COLS / VEC;
     static_assert(COLS % VEC == 0 && VEC % ACC_COLS == 0, "items are whole fragments' columns");
-    /* Items of this thread: idx0 + k * ws * THREADS, at most ITEMS (ws >= 2). */
-    constexpr int ITEMS = (BLOCK_M * PER_ROW + 2 * THREADS - 1) / (2 * THREADS);
-    const int idx0 = (me.walker - first) * THREADS + me.tid;
-    typename Addr::out_t *dst[ITEMS];
-    float *slot[ITEMS];
-    float sink[ITEMS];
-    int items = 0;
-#pragma unroll
-    for (int k = 0; k < ITEMS; k++) {
-        const int idx = idx0 + k * ws * THREADS, r = idx / PER_ROW;
-        if (idx >= BLOCK_M * PER_ROW || w.row0 + r >= w.rows)
-            break; /* rows ascend with idx (an idle walker has none) */
-        const fmha_qr ih = w.place(w.row0 + r);
-        dst[k] = at.o_row(ih.q, ih.r);
-        slot[k] = idx % PER_ROW == 0 ? at.lse_slot(ih.q, ih.r) : nullptr;
-        sink[k] = sinks ? sinks[ih.r] : 0.f;
-        items = k + 1;
-    }
     __syncthreads();
-#pragma unroll
-    for (int k = 0; k < ITEMS; k++) {
-        if (k >= items)
-            break;
-        const int idx = idx0 + k * ws * THREADS;
+    /* Items of this thread: idx0, idx0 + ws * THREADS, ...; rows ascend with idx (an idle
+     * walker has none). */
+#pragma unroll 1
+    for (int idx = (me.walker - first) * THREADS + me.tid; idx < BLOCK_M * PER_ROW; idx += ws * THREADS) {
         const int r = idx / PER_ROW, col = idx % PER_ROW * VEC;
+        if (w.row0 + r >= w.rows)
+            break;
+        const fmha_qr ih = w.place(w.row0 + r);
+        typename Addr::out_t *const dst = at.o_row(ih.q, ih.r);
+        float *const slot = col == 0 ? at.lse_slot(ih.q, ih.r) : nullptr;
         /* Every walker's LSE and O row are read up front (unrolled to the CTA's
          * walker count; past ws the reads repeat walker 0's and are not used),
          * so the fold waits for shared memory once, not once per walker. */
@@ -1739,24 +1758,17 @@ __device__ __forceinline__ void merge_walkers(const Addr &at, const cta_work &w,
             for (int c = 0; c < VEC; c++)
                 acc[c] += weighted(f, x[i][c]);
         }
-        if (sinks) {
-            float inv = top == -INFINITY ? 0.f : rcp_fast(total);
-            float lse_row = top == -INFINITY ? -INFINITY : (top + log2_fast(total)) * LN2;
-            fold_sink(lse_row, inv, sink[k]);
+        const bool seen = top != -INFINITY;
+        float inv = seen ? rcp_fast(total) : 0.f;
+        float lse_row = seen ? (top + log2_fast(total)) * LN2 : -INFINITY;
+        if (sinks)
+            fold_sink(lse_row, inv, sinks[ih.r]);
+        if (sinks || !partial || seen)
 #pragma unroll
             for (int c = 0; c < VEC; c += ACC_COLS)
-                store_row(dst[k], col + c, acc + c, inv);
-            if (slot[k])
-                *slot[k] = lse_row;
-            continue;
-        }
-        const float inv = top == -INFINITY ? 0.f : rcp_fast(total);
-        if (!partial || top != -INFINITY)
-#pragma unroll
-            for (int c = 0; c < VEC; c += ACC_COLS)
-                store_row(dst[k], col + c, acc + c, inv);
-        if (slot[k])
-            *slot[k] = top == -INFINITY ? -INFINITY : (top + log2_fast(total)) * LN2;
+                store_row(dst, col + c, acc + c, inv);
+        if (slot)
+            *slot = lse_row;
     }
 }
 
