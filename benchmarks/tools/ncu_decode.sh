@@ -2,7 +2,8 @@
 # Kernel-only durations and DRAM traffic of ours and cuDNN on the decode rows,
 # under ncu (L2 flushed and clean before every kernel: no flush write-back),
 # last of 4 calls of each.  Prints one line per kernel of that call.
-#   [NCU_EXTRA=metric,...] bash benchmarks/tools/ncu_decode.sh ["B HQ HKV SQ SK D" ...]
+#   [NCU_EXTRA=metric,...] [WHO=ours] bash benchmarks/tools/ncu_decode.sh ["B HQ HKV SQ SK D" ...]
+# WHO: whose kernels (default "ours cudnn")
 set -uo pipefail
 shapes=("$@")
 [ ${#shapes[@]} -eq 0 ] && shapes=("1 16 16 1 65535 64" "1 32 8 1 131072 128" "16 32 8 1 8192 128" "64 32 8 1 4096 128")
@@ -10,7 +11,7 @@ metrics=gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,dram__
 # NCU_EXTRA="metric,metric": more metrics, printed as name=value after each kernel's line
 [ -n "${NCU_EXTRA:-}" ] && metrics="$metrics,$NCU_EXTRA"
 for s in "${shapes[@]}"; do
-  for who in ours cudnn; do
+  for who in ${WHO:-ours cudnn}; do
     log=$(mktemp)
     PEER=$([ $who = cudnn ] && echo cudnn) ncu --clock-control none --print-units base --metrics $metrics --csv \
       python3 benchmarks/tools/profile_case.py $s 0 0 4 > "$log" 2>/dev/null

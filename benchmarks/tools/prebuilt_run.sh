@@ -7,11 +7,13 @@
 # Stages:
 #   tests     TEST_SPECS (tree_tests.sh arguments) under FILE_TIMEOUT, VARIANT_TEST_SPECS in
 #             each tree of TREES, and beside them memcheck, racecheck and synccheck
-#             (SANITIZE_TOOLS) of SANITIZE_K (test_gpu_sm90.py -k) in SANITIZE_TREE
+#             (SANITIZE_TOOLS) of SANITIZE_FILE (test_gpu_sm90.py) -k SANITIZE_K in SANITIZE_TREE
 #   bench     benchmarks/bench.py --varlen --reps 20 (bench.json, results_tables.md) and
 #             bench_features.py FEATURES_ARGS (features.json)
 #   trees     compare_trees.sh NO_BUILD=1 "$COMPARE_ARGS" 2 . $TREES (BENCH/FIELDS as there)
 #   sweep     benchmarks/sweep_splits.py $SWEEP_ARGS (sweep.json)
+#   ncu       ncu_decode.sh over NCU_SHAPES (one "B HQ HKV SQ SK D" each, LENS as there) in
+#             this tree (and cuDNN) and each of TREES: kernel-only durations
 # The extensions are built on the development machine for the device's Python (3.12, as
 # KINDS.md lists it): `FMHA_CUDA_ARCHS=90a python3.12 setup.py build_ext --inplace` in a
 # copy of this tree, the module xz-compressed (about 12 of its 41 MB) to .pre/main.so.xz,
@@ -33,7 +35,9 @@ unpack() {  # unpack NAME TREE: .pre/NAME.so.xz into TREE's extension
 }
 [ -f ".pre/main.so.xz" ] && unpack main .
 for t in ${TREES:-}; do
-  [ -d "$t" ] && continue
+  # (a warm machine keeps an earlier call's trees/NAME extension, ignored, but not its
+  # package, untracked here: remade then)
+  [ -d "$t/fmha_native" ] && [ -f "$t/_fmha_native$suffix" ] && continue
   mkdir -p "$t" && cp -r fmha_native tests "$t"/ && unpack "$(basename "$t")" "$t"
 done
 for t in . ${TREES:-}; do
@@ -45,10 +49,10 @@ if has tests; then
   start=$(date +%s)
   sanitize() {  # sanitize TOOL: the sm90 subset of SANITIZE_TREE under one compute-sanitizer tool
     (cd "$here/${SANITIZE_TREE:-.}" && PYTHONPATH=$(pwd) timeout "${SANITIZE_TIMEOUT:-240}" compute-sanitizer --tool "$1" --error-exitcode 3 \
-      python3 -m pytest -q -p no:cacheprovider tests/test_gpu_sm90.py -k "${SANITIZE_K:-gqa_ratios or packed_qkv}" \
+      python3 -m pytest -q -p no:cacheprovider "${SANITIZE_FILE:-tests/test_gpu_sm90.py}" -k "${SANITIZE_K:-gqa_ratios or packed_qkv}" \
       > "$OUT/sm90_$1.log" 2>&1)
     local rc=$?
-    echo "[$(( $(date +%s) - start )) s rc=$rc] ${SANITIZE_TREE:-.} sm90 $1 (-k ${SANITIZE_K:-gqa_ratios or packed_qkv}):" \
+    echo "[$(( $(date +%s) - start )) s rc=$rc] ${SANITIZE_TREE:-.} ${SANITIZE_FILE:-sm90} $1 (-k ${SANITIZE_K:-gqa_ratios or packed_qkv}):" \
       "$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$OUT/sm90_$1.log" | tail -1); $(grep -E "passed|failed" "$OUT/sm90_$1.log" | tail -1)"
   }
   for tool in ${SANITIZE_TOOLS:-memcheck racecheck synccheck}; do sanitize "$tool" & done
@@ -82,9 +86,19 @@ if has sweep; then
   (cd /tmp && PYTHONPATH="$here" timeout "${SWEEP_TIMEOUT:-300}" python3 "$here/benchmarks/sweep_splits.py" ${SWEEP_ARGS:-} \
      --json "$OUT/sweep.json" > "$OUT/sweep.log" 2>&1) || echo "sweep: rc=$?"
 fi
+if has ncu; then
+  for t in . ${TREES:-}; do
+    eval "set -- ${NCU_SHAPES:-\"1 32 8 1 4097 128\"}"
+    echo "== ncu_decode: $t" >> "$OUT/ncu.log"
+    # cuDNN's kernels once, beside this tree's
+    WHO=$([ "$t" = . ] && echo "ours cudnn" || echo ours) PYTHONPATH="$here/$t" timeout "${NCU_TIMEOUT:-200}" \
+      bash benchmarks/tools/ncu_decode.sh "$@" >> "$OUT/ncu.log" 2>&1
+  done
+fi
 has bench && { cat "$OUT/features.log"; cat "$OUT/bench.log"; }
 has sweep && tail -25 "$OUT/sweep.log"
 has trees && sed -n '/^median/,$p' "$OUT/${COMPARE_DIR:-compare}.log"
+has ncu && cat "$OUT/ncu.log"
 # Everything in $OUT goes into one archive (the device tool returns at most 8 files), so
 # calls of this script in one device command keep their files apart with OUT_TAG.
 (cd "$OUT" && tar -czf "out_${OUT_TAG:-$$}.tgz" --exclude='out_*.tgz' --remove-files -- * 2>/dev/null)
