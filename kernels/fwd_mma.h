@@ -152,10 +152,9 @@ template <int ROWS, int HEAD_DIM, bool PLAIN = false> struct smem_tile {
  * block instead of 16).
  */
 template <int ROWS, int LOAD_CHUNKS, int THREADS> struct row_lanes {
-    static constexpr int LINE = 8; /* chunks of a 128-byte line */
-    static constexpr int LANES = LOAD_CHUNKS <= LINE || THREADS / 8 >= LOAD_CHUNKS ? LOAD_CHUNKS
-                                 : THREADS / 8 > LINE                         ? THREADS / 8
-                                                                              : LINE;
+    static constexpr int LINE = 8;                                   /* chunks of a 128-byte line */
+    static constexpr int WANT = THREADS / 8 > LINE ? THREADS / 8 : LINE; /* >= 8 rows a pass, a line a row */
+    static constexpr int LANES = WANT < LOAD_CHUNKS ? WANT : LOAD_CHUNKS;
     static constexpr int ROWS_PER_PASS = THREADS / LANES, PER_LANE = LOAD_CHUNKS / LANES;
     static constexpr int PASSES = ROWS / ROWS_PER_PASS;
     static_assert(THREADS % LANES == 0 && LOAD_CHUNKS % LANES == 0 && ROWS % ROWS_PER_PASS == 0,
