@@ -47,7 +47,7 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu 
 (cd /tmp && PYTHONPATH="$here" python3 -c "import fmha_native as f; i = f.info(); print({k: i[k] for k in ('version', 'backends') if k in i})")
 if has tests; then
   start=$(date +%s)
-  sanitize() {  # sanitize TOOL: the sm90 subset of SANITIZE_TREE under one compute-sanitizer tool
+  sanitize() {  # sanitize TOOL: SANITIZE_FILE's -k SANITIZE_K subset in SANITIZE_TREE under one tool
     (cd "$here/${SANITIZE_TREE:-.}" && PYTHONPATH=$(pwd) timeout "${SANITIZE_TIMEOUT:-240}" compute-sanitizer --tool "$1" --error-exitcode 3 \
       python3 -m pytest -q -p no:cacheprovider "${SANITIZE_FILE:-tests/test_gpu_sm90.py}" -k "${SANITIZE_K:-gqa_ratios or packed_qkv}" \
       > "$OUT/sm90_$1.log" 2>&1)
@@ -87,8 +87,8 @@ if has sweep; then
      --json "$OUT/sweep.json" > "$OUT/sweep.log" 2>&1) || echo "sweep: rc=$?"
 fi
 if has ncu; then
+  eval "set -- ${NCU_SHAPES:-\"1 32 8 1 4097 128\"}"
   for t in . ${TREES:-}; do
-    eval "set -- ${NCU_SHAPES:-\"1 32 8 1 4097 128\"}"
     echo "== ncu_decode: $t" >> "$OUT/ncu.log"
     # cuDNN's kernels once, beside this tree's
     WHO=$([ "$t" = . ] && echo "ours cudnn" || echo ours) PYTHONPATH="$here/$t" timeout "${NCU_TIMEOUT:-200}" \
