@@ -12,6 +12,9 @@
 #             bench_features.py FEATURES_ARGS (features.json)
 #   trees     compare_trees.sh NO_BUILD=1 "$COMPARE_ARGS" 2 . $TREES (BENCH/FIELDS as there)
 #   sweep     benchmarks/sweep_splits.py $SWEEP_ARGS (sweep.json)
+#   features  bench_features.py FEATURES_ARGS alone (as in bench)
+#   serving   issue 20's rows: host_overhead.py twice and ragged_check.py --reps RAGGED_REPS
+#             in RAGGED_ROUNDS rounds (host.log, ragged<round>.json)
 #   ncu       ncu_decode.sh over NCU_SHAPES (one "B HQ HKV SQ SK D" each, LENS as there) in
 #             this tree (and cuDNN) and each of TREES: kernel-only durations
 # The extensions are built on the development machine for the device's Python (3.12, as
@@ -72,6 +75,8 @@ if has bench; then
   (cd /tmp && PYTHONPATH="$here" timeout "${BENCH_TIMEOUT:-170}" python3 "$here/benchmarks/bench.py" --varlen --reps 20 --json "$OUT/bench.json" \
      > "$OUT/bench.log" 2> "$OUT/bench_rows.log") || tail -5 "$OUT/bench_rows.log"
   [ -s "$OUT/bench.json" ] && python3 benchmarks/results_tables.py --bench "$OUT/bench.json" > "$OUT/results_tables.md"
+fi
+if has bench || has features; then
   # shellcheck disable=SC2086  # FEATURES_ARGS is a list of options
   (cd /tmp && PYTHONPATH="$here" timeout "${FEATURES_TIMEOUT:-150}" python3 "$here/benchmarks/bench_features.py" ${FEATURES_ARGS:---only cost --only head_dim} \
      --json "$OUT/features.json" > "$OUT/features.log" 2> "$OUT/features_rows.log") || tail -5 "$OUT/features_rows.log"
@@ -86,6 +91,15 @@ if has sweep; then
   (cd /tmp && PYTHONPATH="$here" timeout "${SWEEP_TIMEOUT:-300}" python3 "$here/benchmarks/sweep_splits.py" ${SWEEP_ARGS:-} \
      --json "$OUT/sweep.json" > "$OUT/sweep.log" 2>&1) || echo "sweep: rc=$?"
 fi
+if has serving; then
+  for r in 1 2; do
+    (cd /tmp && PYTHONPATH="$here" timeout 100 python3 "$here/benchmarks/host_overhead.py" >> "$OUT/host.log" 2>&1)
+  done
+  for r in $(seq "${RAGGED_ROUNDS:-2}"); do
+    (cd /tmp && PYTHONPATH="$here" timeout "${RAGGED_TIMEOUT:-150}" python3 "$here/benchmarks/tools/ragged_check.py" \
+       --reps "${RAGGED_REPS:-21}" --json "$OUT/ragged$r.json" > "$OUT/ragged$r.log" 2>&1) || echo "ragged round $r: rc=$?"
+  done
+fi
 if has ncu; then
   eval "set -- ${NCU_SHAPES:-\"1 32 8 1 4097 128\"}"
   for t in . ${TREES:-}; do
@@ -95,9 +109,11 @@ if has ncu; then
       bash benchmarks/tools/ncu_decode.sh "$@" >> "$OUT/ncu.log" 2>&1
   done
 fi
-has bench && { cat "$OUT/features.log"; cat "$OUT/bench.log"; }
+(has bench || has features) && cat "$OUT/features.log"
+has bench && cat "$OUT/bench.log"
 has sweep && tail -25 "$OUT/sweep.log"
 has trees && sed -n '/^median/,$p' "$OUT/${COMPARE_DIR:-compare}.log"
+has serving && { grep -E "forward\(out=, lse=\)|graph replay|SDPA" "$OUT/host.log"; for r in $(seq "${RAGGED_ROUNDS:-2}"); do tail -20 "$OUT/ragged$r.log"; done; }
 has ncu && cat "$OUT/ncu.log"
 # Everything in $OUT goes into one archive (the device tool returns at most 8 files), so
 # calls of this script in one device command keep their files apart with OUT_TAG.
