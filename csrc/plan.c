@@ -717,6 +717,45 @@ static int sm90_schedule(const fmha_fwd_params *p, int block_n)
                                                                    : FMHA_SM90_INTERLEAVED;
 }
 
+/* The share of a kernel's tile rows that hold query rows, over the row tiles of a head. */
+static double row_fill(int64_t rows, int block_m)
+{
+    return rows > 0 ? (double)rows / (double)(ceil_div(rows, block_m) * block_m) : 1.0;
+}
+
+/* How much faster the sm90 kernel (tiles of sm90_block_m rows) walks a key block of this
+ * problem than the tensor-core prefill tiles would: FMHA_SM90_BLOCK_SPEEDUP for full
+ * tiles, times the share of its rows the problem fills over the share of theirs (packed
+ * as those tiles pack a short query's heads). */
+static double sm90_block_speedup(const fmha_fwd_params *p, int sm90_block_m)
+{
+    gpu_tiles mma;
+    int row = 0;
+    if (!gpu_mma_config(p->head_dim, &mma, &row))
+        return FMHA_SM90_BLOCK_SPEEDUP;
+    const int64_t group = p->heads_q / p->heads_kv;
+    const int packed = group > 1 && p->seqlen_q * group <= mma.block_m;
+    return FMHA_SM90_BLOCK_SPEEDUP * row_fill(tile_rows(p, 0), sm90_block_m) /
+           row_fill(tile_rows(p, packed), mma.block_m);
+}
+
+static void plan_kernel(const fmha_fwd_params *p, const fmha_target *t, int kernel, int requested,
+                        fmha_plan *plan);
+
+/* Whether the tensor-core prefill tiles' own rule splits p: where it does not, handing p to
+ * them for a split would run it unsplit on the slower tiles. */
+static int old_tiles_split(const fmha_fwd_params *p, const fmha_target *t)
+{
+    gpu_tiles mma;
+    int row = 0;
+    if (!gpu_mma_config(p->head_dim, &mma, &row))
+        return 0;
+    fmha_plan alt;
+    memset(&alt, 0, sizeof alt);
+    plan_kernel(p, t, FMHA_KERNEL_GPU_MMA, 0, &alt);
+    return alt.num_splits > 1;
+}
+
 /*
  * Tiles, GQA packing, L2 hint and split count of one GPU kernel for the
  * problem.  The tensor-core tiles pack the query heads of a kv head into one
@@ -792,11 +831,14 @@ static void plan_kernel(const fmha_fwd_params *p, const fmha_target *t, int kern
         unsplit_waves < FMHA_RAGGED_MAX_WAVES)
         plan_unseen_lengths(&w, &gpu, plan);
     /* The sm90 kernel writes no partials: a split here hands the problem to the old
-     * tiles, slower per key block by FMHA_SM90_BLOCK_SPEEDUP, so split only when the
-     * model gains more than that (few tiles over long keys), else stay unsplit. */
+     * tiles, slower per key block of a full tile by FMHA_SM90_BLOCK_SPEEDUP, so split only
+     * when the model gains more than that (few tiles over long keys), else stay unsplit.
+     * Few query rows leave a tile partly empty, the sm90 kernel's 128 or 192 rows more
+     * than the old tiles' 64: its edge shrinks by how much fuller the old tiles are. */
     if (kernel == FMHA_KERNEL_GPU_SM90 && requested == 0 && plan->num_splits > 1 &&
-        split_cost(&w, &gpu, 1, 1) <
-            FMHA_SM90_BLOCK_SPEEDUP * split_cost(&w, &gpu, plan->num_splits, plan->walkers_per_split)) {
+        (split_cost(&w, &gpu, 1, 1) <
+             sm90_block_speedup(p, tiles.block_m) * split_cost(&w, &gpu, plan->num_splits, plan->walkers_per_split) ||
+         !old_tiles_split(p, t))) {
         plan->num_splits = 1;
         plan->walkers_per_split = 1;
         plan->split_blocks = 0;

@@ -553,6 +553,36 @@ def test_sm90_stays_unsplit_unless_a_split_gains_more_than_its_speed():
         long_keys["reason"]
 
 
+# (B, Hq, Hkv, Sq, Sk, D, causal) -> the split count measured fastest on the H100 sweep of
+# 2026-12-07 (benchmarks/sweep_h100.json: forced counts, medians of 15 interleaved rounds),
+# where 1 is the sm90 kernel unsplit and more splits run the tensor-core tiles.
+FEW_ROWS_MEASURED = {
+    (3, 28, 28, 32, 21577, 64, False): 3,    # sm90 0.2607 ms, 3 splits 0.1744
+    (4, 20, 20, 256, 12787, 64, False): 4,   # 0.3165, 4 splits 0.2365
+    (1, 12, 12, 1024, 16384, 64, False): 4,  # 0.2010, 4 splits 0.1731
+    (5, 32, 32, 256, 44542, 64, True): 2,    # 1.5887, 2 splits 1.4375
+    (1, 18, 18, 2048, 16384, 64, False): 1,  # sm90 0.3955, 4 splits 0.4943
+    (2, 24, 3, 512, 12745, 128, False): 1,   # sm90 0.2942 (2 splits pruned as slower)
+}
+
+
+@pytest.mark.parametrize("shape", list(FEW_ROWS_MEASURED), ids=lambda s: ",".join(map(str, s)))
+def test_sm90_edge_shrinks_with_empty_tile_rows(shape):
+    """Few query rows leave most of an sm90 tile (192 rows at d64) empty: 32 rows fill
+    1/6 of it and half of a 64-row tensor-core tile, 256 rows 2/3 against all, 1024
+    rows 8/9. The sm90 kernel's edge per key block shrinks by that ratio, so these
+    shapes, which the model splits anyway, go to the split tiles as the measurements
+    say; shapes whose rows fill the sm90 tiles stay on it unsplit."""
+    b, hq, hkv, sq, sk, d, causal = shape
+    plan = plan_for(problem(batch=b, seqlen_q=sq, seqlen_k=sk, heads_q=hq, heads_kv=hkv,
+                            head_dim=d, causal=causal), H100_SM90)
+    best = FEW_ROWS_MEASURED[shape]
+    if best == 1:
+        assert is_sm90(plan) and plan["num_splits"] == 1, plan["reason"]
+    else:
+        assert plan["kernel"].startswith("fwd_mma<") and plan["num_splits"] == best, plan["reason"]
+
+
 @pytest.mark.parametrize("causal", [False, True])
 def test_packed_prefill_of_ragged_lengths_stays_unsplit_on_sm90(causal):
     """Host key lengths that differ, on a prefill with many tiles: 4 x 32 query heads x
