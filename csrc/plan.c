@@ -717,6 +717,14 @@ static int sm90_schedule(const fmha_fwd_params *p, int block_n)
                                                                    : FMHA_SM90_INTERLEAVED;
 }
 
+/* Whether the tensor-core tiles of block_m rows pack the query heads of a kv head into one
+ * tile's rows (a short query under GQA). */
+static int packs_gqa(const fmha_fwd_params *p, int block_m)
+{
+    const int64_t group = p->heads_q / p->heads_kv;
+    return group > 1 && p->seqlen_q * group <= block_m;
+}
+
 /* The share of a kernel's tile rows that hold query rows, over the row tiles of a head. */
 static double row_fill(int64_t rows, int block_m)
 {
@@ -733,10 +741,8 @@ static double sm90_block_speedup(const fmha_fwd_params *p, int sm90_block_m)
     int row = 0;
     if (!gpu_mma_config(p->head_dim, &mma, &row))
         return FMHA_SM90_BLOCK_SPEEDUP;
-    const int64_t group = p->heads_q / p->heads_kv;
-    const int packed = group > 1 && p->seqlen_q * group <= mma.block_m;
     return FMHA_SM90_BLOCK_SPEEDUP * row_fill(tile_rows(p, 0), sm90_block_m) /
-           row_fill(tile_rows(p, packed), mma.block_m);
+           row_fill(tile_rows(p, packs_gqa(p, mma.block_m)), mma.block_m);
 }
 
 static void plan_kernel(const fmha_fwd_params *p, const fmha_target *t, int kernel, int requested,
@@ -775,9 +781,8 @@ static void plan_kernel(const fmha_fwd_params *p, const fmha_target *t, int kern
         if (kernel == FMHA_KERNEL_GPU_DECODE)
             gpu_decode_config(p->head_dim, fp8, &tiles, &table_ctas);
     }
-    const int64_t group = p->heads_q / p->heads_kv;
     plan->kernel_id = kernel;
-    plan->pack_gqa = kernel != FMHA_KERNEL_GPU_SM90 && group > 1 && p->seqlen_q * group <= tiles.block_m;
+    plan->pack_gqa = kernel != FMHA_KERNEL_GPU_SM90 && packs_gqa(p, tiles.block_m);
     plan->block_m = tiles.block_m;
     plan->block_n = tiles.block_n;
     plan->num_splits = 1;
@@ -875,7 +880,7 @@ static void plan_gpu_kernel(const fmha_fwd_params *p, const fmha_target *t, int 
                                               &decode_ctas);
     fmha_sm90_why why = FMHA_SM90_DECODE;
     if (!decode_rows || asked) {
-        const int packed = has_mma && group > 1 && p->seqlen_q * group <= mma.block_m;
+        const int packed = has_mma && packs_gqa(p, mma.block_m);
         why = sm90_fit(p, t, requested, packed);
     }
     if (why == FMHA_SM90_CHOSEN) {
